@@ -1,0 +1,88 @@
+"""Exercise checks: pass / not yet / fail, the first mismatch named, the fallback returned."""
+
+import numpy as np
+import pytest
+
+from xtrain_lessons.course import Mismatch, NotYet, assert_close, check, check_fn, require_solved
+
+
+def ref(x):
+    return x * 2.0
+
+
+CASES = [(np.arange(6, dtype=np.float32).reshape(2, 3),), (np.ones(4, dtype=np.float32),)]
+
+
+def test_pass_returns_the_learners_function(capsys):
+    mine = lambda x: x + x  # noqa: E731
+    assert check_fn("T99.1 double", mine, ref, CASES) is mine
+    assert capsys.readouterr().out.strip() == "✅ T99.1 double: pass (2 cases)"
+
+
+def test_not_yet_returns_the_reference(capsys):
+    def stub(x):
+        raise NotImplementedError("T99.1 double")
+    assert check_fn("T99.1 double", stub, ref, CASES) is ref
+    out = capsys.readouterr().out
+    assert "⏳ T99.1 double: not yet" in out and "using the package's version" in out
+
+
+def test_fail_names_shape(capsys):
+    assert check_fn("T99.1 double", lambda x: x.sum(), ref, CASES) is ref
+    out = capsys.readouterr().out
+    assert "❌ T99.1 double: fail — case 1: output: shape () ≠ expected (2, 3)" in out
+
+
+def test_fail_names_largest_error_and_where(capsys):
+    def wrong(x):
+        y = x * 2.0
+        y[1, 2] += 1.0
+        return y
+    check_fn("T99.1 double", wrong, ref, CASES)
+    out = capsys.readouterr().out
+    assert "max |Δ| = 1 at index (1, 2)" in out and "got 11, expected 10" in out
+
+
+def test_crash_is_reported_as_fail(capsys):
+    check_fn("T99.1 double", lambda x: x.nope(), ref, CASES)
+    assert "fail — case 1: AttributeError" in capsys.readouterr().out
+
+
+def test_keyword_cases(capsys):
+    assert check_fn("T99.2 kw", lambda x: 2 * x, ref, [{"x": np.ones(3)}])(1) == 2
+
+
+def test_assert_close_tolerance_from_dtype():
+    x = np.float32(1.0)
+    assert_close(np.float32(x + 4e-6), x)  # within float32 tolerance
+    with pytest.raises(Mismatch):
+        assert_close(np.float64(1 + 1e-9), np.float64(1.0))  # float64 is held tighter
+    with pytest.raises(Mismatch, match="dtype"):
+        assert_close(np.array([1.5]), np.array([1]))
+
+
+def test_assert_close_nan_mismatch_is_reported():
+    with pytest.raises(Mismatch, match="index \\(1,\\)"):
+        assert_close(np.array([1.0, np.nan]), np.array([1.0, 2.0]))
+
+
+def test_assert_close_sequences():
+    assert_close((np.ones(2), np.zeros(3)), (np.ones(2), np.zeros(3)))
+    with pytest.raises(Mismatch, match=r"output\[1\]: shape"):
+        assert_close((np.ones(2), np.zeros(2)), (np.ones(2), np.zeros(3)))
+
+
+def test_require_solved_detects_cuda_stub(capsys):
+    src = "__global__ void k(float* a){ /* EXERCISE T01.1 vector_add: your code here (about 3 lines) */ }"
+    with pytest.raises(NotYet):
+        require_solved(src)
+    require_solved("__global__ void k(float* a){ a[0] = 1; }")
+    assert check("T01.1 vector_add", lambda: require_solved(src)) is False
+    assert "⏳ T01.1 vector_add: not yet — T01.1 vector_add is still a stub" in capsys.readouterr().out
+
+
+def test_check_plain_assert_is_fail(capsys):
+    def test():
+        assert 1 == 2, "one is not two"
+    assert check("T99.3 x", test) is False
+    assert "❌ T99.3 x: fail — one is not two" in capsys.readouterr().out

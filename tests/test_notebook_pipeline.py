@@ -1,0 +1,83 @@
+"""One source of truth: learner notebooks are generated from the solutions, and stay fresh."""
+
+import nbformat
+import pytest
+
+from xtrain_lessons import notebooks
+from xtrain_lessons.notebooks import NotebookError, strip_source
+
+PY = '''def f(x):
+    """doc"""
+    # BEGIN SOLUTION T05.2 rmsnorm
+    y = x * x
+
+    return y
+    # END SOLUTION
+print("after")'''
+
+CUDA = '''src = r"""
+__global__ void add(const float* a, const float* b, float* c, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    // BEGIN SOLUTION T01.1 vector_add
+    if (i < n) c[i] = a[i] + b[i];
+    // END SOLUTION
+}
+"""'''
+
+
+def test_python_region_becomes_a_named_stub():
+    out, ids = strip_source(PY)
+    assert ids == ["T05.2"]
+    assert '    raise NotImplementedError("T05.2 rmsnorm")  # your code here (about 2 lines)' in out
+    assert "y = x * x" not in out and 'print("after")' in out and '"""doc"""' in out
+
+
+def test_cuda_region_becomes_a_comment_that_compiles():
+    out, ids = strip_source(CUDA)
+    assert ids == ["T01.1"]
+    assert "    /* EXERCISE T01.1 vector_add: your code here (about 1 line) */" in out
+    assert "c[i] = a[i] + b[i]" not in out
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("def f():\n    # BEGIN SOLUTION T01.1 x\n    pass", "has no END SOLUTION"),
+    ("def f():\n    pass\n    # END SOLUTION", "without BEGIN"),
+    ("# BEGIN SOLUTION T01.1 x\nx = 1\n# END SOLUTION", "top level"),
+    ("def f():\n    # BEGIN SOLUTION T01.1 x\n    # BEGIN SOLUTION T01.2 y\n    # END SOLUTION", "nested"),
+])
+def test_malformed_markers_are_named(bad, message):
+    with pytest.raises(NotebookError, match=message):
+        strip_source(bad)
+
+
+def test_committed_learner_notebooks_are_fresh():
+    stale = notebooks.stale_notebooks()
+    assert not stale, f"regenerate with `xtrain notebooks build`: {stale}"
+
+
+def test_every_solution_has_a_learner_notebook_and_exercises_are_checked():
+    for sol in notebooks.solution_paths():
+        nb = nbformat.read(sol, as_version=4)
+        code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+        learner = notebooks.learner_version(sol)
+        learner_code = "\n".join(c.source for c in learner.cells if c.cell_type == "code")
+        assert "BEGIN SOLUTION" not in learner_code, sol.name
+        n_regions = code.count("BEGIN SOLUTION")
+        assert n_regions >= 1, f"{sol.name} has no exercise"
+        n_checks = code.count("check_fn(") + code.count("check(")
+        assert n_checks >= n_regions, f"{sol.name}: {n_regions} exercises but {n_checks} checks"
+
+
+def test_notebooks_have_the_course_shape():
+    for sol in notebooks.solution_paths():
+        nb = nbformat.read(sol, as_version=4)
+        text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown").lower()
+        for heading in ("goal", "setup", "measure", "into the package", "exercises to go further"):
+            assert heading in text, f"{sol.name} lacks a '{heading}' section"
+
+
+def test_build_is_idempotent(tmp_path, monkeypatch):
+    monkeypatch.setattr(notebooks, "NOTEBOOKS", tmp_path)
+    first = notebooks.build()
+    assert len(first) == len(notebooks.solution_paths())
+    assert notebooks.build() == []

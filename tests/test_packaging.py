@@ -1,0 +1,91 @@
+"""The project's own files: dependency lists agree, README commands and links are real."""
+
+import importlib.util
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# conda-forge names that differ from the PyPI ones; conda-only build tools are not compared.
+CONDA_TO_PIP = {"pytorch": "torch"}
+CONDA_ONLY = {"python", "pip", "cxx-compiler"}
+
+
+def _name_and_bound(requirement: str) -> tuple[str, str]:
+    m = re.match(r"^([A-Za-z0-9_.\-]+)\s*(.*)$", requirement.strip())
+    name = m.group(1).lower().replace("_", "-")
+    return name, m.group(2).replace(" ", "")
+
+
+def pip_requirements() -> dict[str, str]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    reqs = project["dependencies"] + project["optional-dependencies"]["dev"]
+    return dict(_name_and_bound(r) for r in reqs)
+
+
+def conda_requirements() -> dict[str, str]:
+    out = {}
+    for line in (REPO / "environment.yml").read_text().splitlines():
+        m = re.match(r"^\s+-\s+([^#\s][^#]*?)\s*$", line)
+        if not m or ":" in m.group(1) or m.group(1) == "conda-forge":
+            continue
+        name, bound = _name_and_bound(m.group(1))
+        if name in CONDA_ONLY:
+            continue
+        out[CONDA_TO_PIP.get(name, name)] = bound
+    return out
+
+
+def test_environment_yml_matches_pyproject():
+    pip, conda = pip_requirements(), conda_requirements()
+    assert set(pip) == set(conda), (
+        f"only in pyproject: {sorted(set(pip) - set(conda))}; "
+        f"only in environment.yml: {sorted(set(conda) - set(pip))}")
+    for name in pip:
+        assert pip[name] == conda[name], f"{name}: pyproject says {pip[name]!r}, environment.yml {conda[name]!r}"
+
+
+def test_only_lower_bounds_in_runtime_dependencies():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    for req in project["dependencies"]:
+        assert "==" not in req and "<" not in req, f"runtime dependency pinned or capped: {req}"
+
+
+def _readme_command(which):
+    spec = importlib.util.spec_from_file_location("readme_command", REPO / ".ci" / "readme_command.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.readme_command(which)
+
+
+def test_readme_has_two_one_line_commands():
+    assert _readme_command("main").startswith("pip install -e .")
+    test_command = _readme_command("test")
+    assert "torch==2.13.0" in test_command and "pytest" in test_command
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "readme_command.py test" in ci
+
+
+def test_readme_links_every_notebook_and_nothing_missing():
+    readme = (REPO / "README.md").read_text()
+    links = set(re.findall(r"\]\(((?:notebooks|solutions)/[^)]+\.ipynb)\)", readme))
+    for link in links:
+        assert (REPO / link).exists(), f"README links a notebook that does not exist: {link}"
+    for folder in ("notebooks", "solutions"):
+        for nb in (REPO / folder).glob("T*.ipynb"):
+            assert f"{folder}/{nb.name}" in links, f"README does not link {folder}/{nb.name}"
+
+
+def test_book_toc_lists_every_solution():
+    toc = (REPO / "book" / "_toc.yml").read_text()
+    for nb in (REPO / "solutions").glob("T*.ipynb"):
+        assert f"solutions/{nb.stem}" in toc, f"book/_toc.yml does not list solutions/{nb.stem}"
+
+
+def test_python_version_supported():
+    assert sys.version_info >= (3, 10)
