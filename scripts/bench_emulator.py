@@ -1,0 +1,98 @@
+"""Benchmark the CUDA CPU emulator: compile times and kernel run times, printed as a table.
+
+    python scripts/bench_emulator.py             # fibers vs one OS thread per CUDA thread
+    python scripts/bench_emulator.py --quick     # skip the slow threads-mode runs
+
+Compile times are measured in a fresh temporary cache; run times are the best of a few runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_KERNELS = ROOT / "tests" / "cuda_kernels"
+
+
+def best_of(fn, repeat: int = 3) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fibers mode only")
+    args = parser.parse_args()
+
+    tmp = tempfile.mkdtemp(prefix="xtrain-bench-")
+    os.environ["XTRAIN_CACHE_DIR"] = tmp
+    from xtrain_lessons.cuda import Kernel
+    from xtrain_lessons.cuda import emulator
+
+    rows: list[tuple[str, str, float]] = []
+    try:
+        t0 = time.perf_counter()
+        emulator.runtime_library()
+        rows.append(("compile emulator runtime (once per machine)", "-", time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        add = Kernel(ROOT / "xtrain_lessons" / "kernels" / "vector_add.cu", "vector_add", backend="cpu")
+        rows.append(("first compile: vector_add.cu", "-", time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        mm = Kernel(TEST_KERNELS / "matmul_tiled.cu", "matmul_tiled", backend="cpu")
+        rows.append(("first compile: matmul_tiled.cu", "-", time.perf_counter() - t0))
+        sm = Kernel(TEST_KERNELS / "softmax_warp.cu", "softmax_rows", backend="cpu")
+        emulator._libs.clear()  # forget the loaded libraries: measure hash + cache lookup + dlopen
+        t0 = time.perf_counter()
+        Kernel(TEST_KERNELS / "matmul_tiled.cu", "matmul_tiled", backend="cpu")
+        rows.append(("cached load: matmul_tiled.cu", "-", time.perf_counter() - t0))
+
+        rng = np.random.default_rng(0)
+        n = 1 << 20
+        a, b = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
+        c = np.empty_like(a)
+        M = N = K = 256
+        A, B = rng.standard_normal((M, K), dtype=np.float32), rng.standard_normal((K, N), dtype=np.float32)
+        C = np.empty((M, N), np.float32)
+        R, L = 512, 1024
+        X = rng.standard_normal((R, L), dtype=np.float32)
+        Y = np.empty_like(X)
+
+        modes = ["fibers"] if args.quick else ["fibers", "threads"]
+        for mode in modes:
+            os.environ["XTRAIN_EMULATOR_MODE"] = mode
+            rows.append((f"vector_add 2^20 (fast path, no barriers)", mode, best_of(
+                lambda: add(((n + 255) // 256,), (256,), (a, b, c, np.int32(n))))))
+            rows.append(("tiled matmul 256^3, 16x16 tiles", mode, best_of(
+                lambda: mm((N // 16, M // 16), (16, 16), (A, B, C, np.int32(M), np.int32(N), np.int32(K))),
+                repeat=3 if mode == "fibers" else 1)))
+            rows.append(("softmax 512x1024, block 256, warp shuffles", mode, best_of(
+                lambda: sm((R,), (256,), (X, Y, np.int32(R), np.int32(L))),
+                repeat=3 if mode == "fibers" else 1)))
+        os.environ.pop("XTRAIN_EMULATOR_MODE")
+        rows.append(("numpy: a + b, 2^20", "numpy", best_of(lambda: np.add(a, b, out=c))))
+        rows.append(("numpy: A @ B, 256^3", "numpy", best_of(lambda: np.matmul(A, B, out=C))))
+        assert np.allclose(C, A @ B, atol=1e-3)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    width = max(len(r[0]) for r in rows)
+    print(f"{'what':<{width}}  {'mode':<8}  {'time':>10}")
+    print("-" * (width + 22))
+    for what, mode, t in rows:
+        print(f"{what:<{width}}  {mode:<8}  {t * 1e3:>8.1f} ms")
+    print(f"\n{os.cpu_count()} cores; emulator workers: {emulator.emulator_workers()}")
+
+
+if __name__ == "__main__":
+    main()
