@@ -18,6 +18,12 @@ import sys
 SUBCOMMANDS: list[tuple[str, str]] = [
     ("doctor", "xtrain_lessons.doctor"),
     ("notebooks", "xtrain_lessons.notebooks"),
+    ("export", "xtrain_lessons.export_cli"),
+    ("import-hf", "xtrain_lessons.export_cli"),
+    ("data", "xtrain_lessons.data_cli"),
+    ("train", "xtrain_lessons.train_cli"),
+    ("sample", "xtrain_lessons.sample_cli"),
+    ("bench", "xtrain_lessons.bench"),
 ]
 
 
