@@ -1,7 +1,7 @@
 """Benchmark the CUDA CPU emulator: compile times and kernel run times, printed as a table.
 
-    python scripts/bench_emulator.py             # fibers vs one OS thread per CUDA thread
-    python scripts/bench_emulator.py --quick     # skip the slow threads-mode runs
+    python scripts/bench_emulator.py             # also compares fibers, ucontext and threads
+    python scripts/bench_emulator.py --quick     # skip the slow threads mode
 
 Compile times are measured in a fresh temporary cache; run times are the best of a few runs.
 """
@@ -32,7 +32,7 @@ def best_of(fn, repeat: int = 3) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fibers mode only")
+    parser.add_argument("--quick", action="store_true", help="skip threads mode")
     args = parser.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="xtrain-bench-")
@@ -68,17 +68,28 @@ def main() -> None:
         X = rng.standard_normal((R, L), dtype=np.float32)
         Y = np.empty_like(X)
 
-        modes = ["fibers"] if args.quick else ["fibers", "threads"]
-        for mode in modes:
-            os.environ["XTRAIN_EMULATOR_MODE"] = mode
-            rows.append((f"vector_add 2^20 (fast path, no barriers)", mode, best_of(
-                lambda: add(((n + 255) // 256,), (256,), (a, b, c, np.int32(n))))))
-            rows.append(("tiled matmul 256^3, 16x16 tiles", mode, best_of(
-                lambda: mm((N // 16, M // 16), (16, 16), (A, B, C, np.int32(M), np.int32(N), np.int32(K))),
-                repeat=3 if mode == "fibers" else 1)))
-            rows.append(("softmax 512x1024, block 256, warp shuffles", mode, best_of(
-                lambda: sm((R,), (256,), (X, Y, np.int32(R), np.int32(L))),
-                repeat=3 if mode == "fibers" else 1)))
+        os.environ["XTRAIN_EMULATOR_MODE"] = "fibers"
+        rows.append(("vector_add 2^20 (fast path: no barriers)", "fibers", best_of(
+            lambda: add(((n + 255) // 256,), (256,), (a, b, c, np.int32(n))))))
+        rows.append(("tiled matmul 256^3, 16x16 tiles", "fibers", best_of(
+            lambda: mm((N // 16, M // 16), (16, 16), (A, B, C, np.int32(M), np.int32(N), np.int32(K))))))
+        rows.append(("softmax 512x1024, block 256, warp shuffles", "fibers", best_of(
+            lambda: sm((R,), (256,), (X, Y, np.int32(R), np.int32(L))))))
+
+        # The three ways of running a block's threads, on smaller problems (threads mode is slow).
+        m = 64
+        a64, b64, c64 = A[:m, :m].copy(), B[:m, :m].copy(), np.empty((m, m), np.float32)
+        modes = ["fibers", "ucontext"] if args.quick else ["fibers", "ucontext", "threads"]
+        for label, launch in [
+            ("tiled matmul 64^3",
+             lambda: mm((m // 16, m // 16), (16, 16), (a64, b64, c64, np.int32(m), np.int32(m), np.int32(m)))),
+            ("softmax 32x1024, block 256", lambda: sm((32,), (256,), (X, Y, np.int32(32), np.int32(L))))]:
+            base = None
+            for mode in modes:
+                os.environ["XTRAIN_EMULATOR_MODE"] = mode
+                t = best_of(launch, repeat=3 if mode != "threads" else 1)
+                base = base or t
+                rows.append((f"{label}" + ("" if mode == "fibers" else f" ({t / base:.0f}x fibers)"), mode, t))
         os.environ.pop("XTRAIN_EMULATOR_MODE")
         rows.append(("numpy: a + b, 2^20", "numpy", best_of(lambda: np.add(a, b, out=c))))
         rows.append(("numpy: A @ B, 256^3", "numpy", best_of(lambda: np.matmul(A, B, out=C))))
