@@ -118,6 +118,7 @@ def _write_atomic(nb, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         nbformat.write(nb, f)
+    os.chmod(tmp, 0o644)  # mkstemp creates 0600; a notebook is an ordinary readable file
     os.replace(tmp, path)
 
 
