@@ -32,6 +32,9 @@ import numpy as np
 from . import ops
 from .autograd import Tensor, array_module, no_grad
 from .nn import causal_attention, linear, rope, rope_tables, swiglu
+from .flash_attention import flash_attention
+from .recompute import checkpoint
+from .dropout import dropout
 
 __all__ = ["Config", "PRESETS", "Model", "KVCache", "ffn_dim_for"]
 
@@ -61,7 +64,9 @@ class Config:
     norm_eps: float = 1e-6
     max_seq_len: int = 256
     qk_norm: bool = True
-    dropout: float = 0.0  # stored only; dropout arrives in T18
+    attention: str = "composed"  # T14: "composed" (nn.causal_attention) or "flash"
+    dropout: float = 0.0  # T18: dropout probability at the 2 residual sites of each block
+    recompute: bool = False  # T13: keep only each block's input, recompute it in backward
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -93,6 +98,8 @@ class Config:
             raise ValueError(f"Config: norm_eps must be > 0, got {self.norm_eps}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"Config: dropout must be in [0, 1), got {self.dropout}")
+        if self.attention not in ("composed", "flash"):
+            raise ValueError(f"Config: attention must be 'composed' or 'flash', got {self.attention!r}")
         return self
 
     def replace(self, **changes) -> "Config":
@@ -194,6 +201,11 @@ class Model:
         normal("lm_head.weight", (c.vocab_size, c.dim), std)
         cos, sin = rope_tables(c.max_seq_len, c.head_dim, c.rope_theta, self.dtype)
         self.rope_cos, self.rope_sin = cos, sin  # (max_seq_len, head_dim)
+        # T18 dropout: train()/eval() switch; masks from the counter-based RNG keyed by
+        # dropout_seed, stream offset = dropout_step * 2 * n_layers + site (see _forward)
+        self.training = True
+        self.dropout_seed = seed
+        self.dropout_step = 0  # training-mode forwards with dropout so far
 
     def __repr__(self):
         c = self.config
@@ -227,6 +239,15 @@ class Model:
             p.data, p.grad = conv(p.data), None
         self.rope_cos, self.rope_sin = conv(self.rope_cos), conv(self.rope_sin)
         return self
+
+    def train(self, mode: bool = True) -> "Model":
+        """Training mode (the default): dropout is applied when config.dropout > 0."""
+        self.training = bool(mode)
+        return self
+
+    def eval(self) -> "Model":
+        """Evaluation mode: dropout is the identity."""
+        return self.train(False)
 
     def zero_grad(self):
         for p in self.params.values():
@@ -308,7 +329,18 @@ class Model:
         cos, sin = self.rope_cos[start_pos:end], self.rope_sin[start_pos:end]  # (T, D)
 
         x = ops.embedding(P["model.embed_tokens.weight"], ids)  # (B, T, dim)
-        for i in range(c.n_layers):
+        # T18: dropout on what each sublayer adds to the residual stream, in training mode.
+        # Site s (2i: attention, 2i+1: MLP of block i) of training forward number `step` draws
+        # from Philox stream offset = step * 2 * n_layers + s: fresh per site and step, and
+        # fixed here, so a block recomputed in backward (T13) draws the same mask.
+        drop_base = None
+        if c.dropout > 0 and self.training and cache is None:
+            drop_base, self.dropout_step = self.dropout_step * 2 * c.n_layers, self.dropout_step + 1
+
+        def resid(t, site):
+            return t if drop_base is None else dropout(t, c.dropout, self.dropout_seed, drop_base + site)
+
+        def block(x, i):  # transformer block i: x -> x + attention, then + MLP
             p = f"model.layers.{i}."
             # attention
             h = ops.rmsnorm(x, P[p + "input_layernorm.weight"], c.norm_eps)
@@ -323,11 +355,17 @@ class Model:
                 cache.k[i][:, start_pos:end] = k.data
                 cache.v[i][:, start_pos:end] = v.data
                 k, v = Tensor(cache.k[i][:, :end]), Tensor(cache.v[i][:, :end])
-            a = causal_attention(q, k, v).reshape(B, T, H * D)  # (B, T, H*D)
-            x = x + linear(a, P[p + "self_attn.o_proj.weight"])
+            attend = flash_attention if c.attention == "flash" else causal_attention  # T14
+            a = attend(q, k, v).reshape(B, T, H * D)  # (B, T, H*D)
+            x = x + resid(linear(a, P[p + "self_attn.o_proj.weight"]), 2 * i)
             # MLP
             h = ops.rmsnorm(x, P[p + "post_attention_layernorm.weight"], c.norm_eps)
             g = swiglu(linear(h, P[p + "mlp.gate_proj.weight"]), linear(h, P[p + "mlp.up_proj.weight"]))
-            x = x + linear(g, P[p + "mlp.down_proj.weight"])  # (B, T, dim)
+            x = x + resid(linear(g, P[p + "mlp.down_proj.weight"]), 2 * i + 1)  # (B, T, dim)
+            return x
+
+        recompute = c.recompute and cache is None  # T13: keep only the block inputs
+        for i in range(c.n_layers):
+            x = checkpoint(block, x, i) if recompute else block(x, i)
         x = ops.rmsnorm(x, P["model.norm.weight"], c.norm_eps)
         return linear(x, P["lm_head.weight"])  # (B, T, V)

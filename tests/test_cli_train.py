@@ -1,0 +1,146 @@
+"""`xtrain train`, `xtrain sample` and `xtrain bench train` end to end (test preset, tiny corpus)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from xtrain_lessons import cli
+
+from test_train import small_corpus  # noqa: E402  (tests/ is on sys.path under pytest)
+
+FLAGS = ["--preset", "test", "--vocab-size", "300", "--steps", "10", "--batch-size", "4",
+         "--seq-len", "16", "--max-lr", "1e-2", "--warmup", "2", "--eval-every", "5",
+         "--eval-batches", "2", "--sample-every", "5", "--sample-tokens", "8",
+         "--checkpoint-every", "5", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return small_corpus(tmp_path_factory.mktemp("corpus") / "small.txt")
+
+
+def _final_weights(run: Path) -> dict:
+    latest = (run / "checkpoints" / "latest").read_text().strip()
+    return load_file(str(run / "checkpoints" / latest / "model.safetensors"))
+
+
+def test_train_resume_sample(corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert cli.main(["train", "--data", str(corpus), "--out", str(run), *FLAGS]) == 0
+    out = capsys.readouterr().out
+    assert "summary: done at step 10/10" in out and "sample @ 5" in out
+    for name in ("config.json", "tokenizer.json", "data", "checkpoints", "metrics.jsonl",
+                 "loss.png", "samples.txt", "summary.json"):
+        assert (run / name).exists(), name
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 10
+    for m in metrics:
+        assert {"step", "train_loss", "lr", "tokens_per_s"} <= set(m)
+        assert ("val_loss" in m) == (m["step"] % 5 == 0)
+    conf = json.loads((run / "config.json").read_text())
+    assert conf["train"]["steps"] == 10 and conf["model"]["vocab_size"] <= 300
+    assert (run / "samples.txt").read_text().count("--- step") == 2
+
+    # stop after 4 steps, resume from the command line: the same weights as the straight run
+    run2 = tmp_path / "run2"
+    assert cli.main(["train", "--data", str(corpus), "--out", str(run2), *FLAGS, "--stop-at", "4"]) == 0
+    assert (run2 / "checkpoints" / "latest").read_text().strip() == "step_00000004"
+    assert cli.main(["train", "--resume", str(run2), "--no-progress"]) == 0
+    a, b = _final_weights(run), _final_weights(run2)
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    capsys.readouterr()
+
+    assert cli.main(["sample", str(run), "--prompt", "Once upon a time", "--max-new-tokens", "12",
+                     "--seed", "1"]) == 0
+    text1 = capsys.readouterr().out
+    assert text1.startswith("Once upon a time") and len(text1.strip()) > len("Once upon a time")
+    assert cli.main(["sample", str(run), "--prompt", "Once upon a time", "--max-new-tokens", "12",
+                     "--seed", "1"]) == 0
+    assert capsys.readouterr().out == text1  # seeded: reproducible
+    assert cli.main(["sample", str(tmp_path / "missing")]) == 2
+
+
+def test_config_file_and_flag_priority(corpus, tmp_path):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(f'preset = "test"\ndata = "{corpus}"\nsteps = 3\nbatch_size = 2\nseq_len = 8\n'
+                   f'vocab_size = 280\neval_every = 0\nsample_every = 0\nsample_tokens = 0\n')
+    run = tmp_path / "r"
+    assert cli.main(["train", "--config", str(cfg), "--out", str(run), "--steps", "2", "--no-progress"]) == 0
+    conf = json.loads((run / "config.json").read_text())["train"]
+    assert (conf["steps"], conf["batch_size"], conf["seq_len"]) == (2, 2, 8)  # the flag wins over the file
+    assert cli.main(["train", "--config", str(tmp_path / "nope.toml")]) == 2
+
+
+def test_nan_stops_with_message_and_exit_code(corpus, tmp_path, capsys, monkeypatch):
+    from xtrain_lessons.autograd import Tensor
+    from xtrain_lessons.model import Model
+
+    real = Model.loss
+    calls = {"n": 0}
+
+    def poisoned(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            return Tensor(np.array(np.inf, dtype=np.float32), requires_grad=True)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Model, "loss", poisoned)
+    run = tmp_path / "nan"
+    flags = [f for f in FLAGS]
+    flags[flags.index("--eval-every") + 1] = "0"
+    flags[flags.index("--checkpoint-every") + 1] = "2"
+    assert cli.main(["train", "--data", str(corpus), "--out", str(run), *flags]) == 1
+    out = capsys.readouterr().out
+    assert "TRAINING STOPPED" in out and "inf" in out
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_00000002"
+    assert json.loads((run / "summary.json").read_text())["status"] == "diverged"
+
+
+def test_bench_train_runs(capsys):
+    assert cli.main(["bench", "train", "--preset", "test", "--vocab-size", "64", "--batch-size", "2",
+                     "--seq-len", "16", "--steps", "1", "--peak-n", "256"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("throughput vs torch: ") and "MFU" in last
+    from xtrain_lessons.bench import train_flops_per_token
+    from xtrain_lessons.model import PRESETS
+
+    c = PRESETS["test"]
+    n_matmul = c.n_params() - c.vocab_size * c.dim - c.dim - c.n_layers * (2 * c.dim + 2 * c.head_dim)
+    assert train_flops_per_token(c, 16) == 6 * n_matmul + 12 * c.n_layers * 16 * c.n_heads * c.head_dim
+
+
+def test_bench_without_torch_is_graceful(capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
+    assert cli.main(["bench", "train", "--preset", "test", "--vocab-size", "64", "--batch-size", "2",
+                     "--seq-len", "8", "--steps", "1", "--peak-n", "128"]) == 0
+    out = capsys.readouterr().out
+    assert "torch is not installed" in out
+    assert out.strip().splitlines()[-1].startswith("throughput vs torch: n/a")
+
+
+def test_default_schedule_gets_the_time_limit(monkeypatch):
+    """`xtrain train` alone is promised to fit in 10 minutes; a run with --steps is not cut."""
+    import types
+
+    import xtrain_lessons.train as train_mod
+
+    seen = []
+
+    def fake_train(cfg=None, *, overrides=None, **kw):
+        seen.append(dict(overrides or {}))
+        return types.SimpleNamespace(status="done")
+
+    monkeypatch.setattr(train_mod, "train", fake_train)
+    assert cli.main(["train", "--no-progress"]) == 0
+    assert seen[-1]["time_limit"] == train_mod.DEFAULT_RUN_TIME_LIMIT
+    assert cli.main(["train", "--steps", "5000", "--no-progress"]) == 0
+    assert "time_limit" not in seen[-1]
+    assert cli.main(["train", "--time-limit", "60", "--no-progress"]) == 0
+    assert seen[-1]["time_limit"] == 60

@@ -1,0 +1,340 @@
+"""Benchmarks: training throughput of the engine against PyTorch eager, and MFU.
+
+    xtrain bench train [--preset tiny] [--batch-size 16] [--seq-len 128] [--steps 5]
+
+Times full training steps (forward, backward, gradient clipping, AdamW) of the engine's
+model and of an equivalent PyTorch eager model (same config, same weights, same batch and
+sequence length, same thread count, attention composed from matmul + mask + softmax as in
+the engine) in one run, alternating one engine step and one torch step so that both see the
+same machine load. Reports the median tokens/s of both, the achieved FLOP/s of the engine
+against the machine's measured float32 matmul peak (the best of a large ``np.matmul``
+before and after), i.e. the model FLOPs utilisation (MFU). Last line:
+
+    throughput vs torch: R.RRx (engine E tok/s, torch T tok/s, MFU M%)
+
+FLOPs per trained token = 6 × (matmul parameters: every weight matrix except the
+embedding, whose forward is a gather) + 12 × n_layers × T × n_heads × head_dim (scores
+and weighted sum, forward 2×, backward 4×, over the full T×T square the composed
+attention computes).
+
+Threads: ``--threads N`` sets both NumPy's OpenBLAS (at run time, see ``set_blas_threads``)
+and torch; default: the CPU count. On a shared machine 1 thread is often several times
+faster than 2 for both engines (OpenBLAS threads spin while waiting for each other).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+
+import numpy as np
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", choices=["train"], help="what to benchmark")
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--vocab-size", type=int, default=2048,
+                        help="vocabulary (the default run's tokenizer size)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps (after 1 warm-up step)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for both engines: NumPy's BLAS and torch (default: the CPU count)")
+    parser.add_argument("--no-torch", action="store_true", help="engine only")
+    parser.add_argument("--peak-n", type=int, default=1536,
+                        help="matrix size of the sgemm peak measurement")
+
+
+# ----- BLAS threads ----------------------------------------------------------------------
+
+def _openblas_libs():
+    """ctypes handles of the OpenBLAS libraries loaded in this process (Linux; else [])."""
+    import ctypes  # noqa: PLC0415
+    import re  # noqa: PLC0415
+
+    try:
+        maps = open("/proc/self/maps", encoding="utf-8").read()
+    except OSError:
+        return []
+    libs = []
+    for path in sorted(set(re.findall(r"(/\S*openblas\S*\.so\S*)", maps))):
+        try:
+            libs.append(ctypes.CDLL(path))
+        except OSError:
+            continue
+    return libs
+
+
+_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+            "openblas_set_num_threads64_", "openblas_set_num_threads")
+_GETTERS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
+            "openblas_get_num_threads64_", "openblas_get_num_threads")
+
+
+def blas_threads() -> int | None:
+    """Threads NumPy's OpenBLAS uses (None if it cannot be asked)."""
+    for lib in _openblas_libs():
+        for name in _GETTERS:
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                return int(fn())
+    return None
+
+
+def set_blas_threads(n: int) -> bool:
+    """Set NumPy's OpenBLAS thread count at run time (what threadpoolctl does). Returns
+    True if it worked. On a busy machine 1 thread can be several times faster than 2:
+    OpenBLAS threads spin while waiting for each other."""
+    import numpy as _np  # noqa: F401,PLC0415 - make sure the library is loaded
+
+    ok = False
+    for lib in _openblas_libs():
+        for name in _SETTERS:
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn(int(n))
+                ok = True
+                break
+    return ok
+
+
+# ----- measurements ----------------------------------------------------------------------
+
+def sgemm_peak(n: int = 1536, reps: int = 5) -> float:
+    """FLOP/s of the best of `reps` float32 (n×n)·(n×n) np.matmul calls (2n³ FLOPs each)."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    np.matmul(a, b)  # warm-up
+    best = math.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        np.matmul(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n ** 3 / best
+
+
+def train_flops_per_token(config, seq_len: int) -> float:
+    """Model FLOPs of one trained token (see the module docstring)."""
+    c = config
+    d, hd = c.dim, c.head_dim
+    attn_w = d * c.n_heads * hd + 2 * d * c.n_kv_heads * hd + c.n_heads * hd * d
+    mlp_w = 3 * d * c.ffn_dim
+    matmul_params = c.n_layers * (attn_w + mlp_w) + c.vocab_size * d  # + lm_head
+    return 6.0 * matmul_params + 12.0 * c.n_layers * seq_len * c.n_heads * hd
+
+
+def _batches(vocab: int, batch: int, seq: int, n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, size=(batch, seq + 1), dtype=np.int64) for _ in range(n)]
+
+
+def engine_stepper(config, seed: int = 0):
+    """(step(batch) -> (loss, seconds), initial state_dict) for the engine: one full training
+    step (forward, backward, clip, AdamW) on a (B, T+1) token batch."""
+    from .model import Model  # noqa: PLC0415
+    from .optim import AdamW, clip_grad_norm  # noqa: PLC0415
+
+    model = Model(config, seed=seed)
+    params = model.named_parameters()
+    opt = AdamW(params, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+
+    def step(b):
+        t0 = time.perf_counter()
+        loss = model.loss(b[:, :-1], b[:, 1:])
+        model.zero_grad()
+        loss.backward()
+        clip_grad_norm(params, 1.0)
+        opt.step()
+        return float(loss.item()), time.perf_counter() - t0
+
+    return step, model.state_dict()
+
+
+def _torch_model(c, torch):
+    nn = torch.nn
+
+    class RMSNorm(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(n))
+
+        def forward(self, x):
+            return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + c.norm_eps) * self.weight
+
+    def rot(x):
+        h = x.shape[-1] // 2
+        return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            H, K, D = c.n_heads, c.n_kv_heads, c.head_dim
+            self.q_proj = nn.Linear(c.dim, H * D, bias=False)
+            self.k_proj = nn.Linear(c.dim, K * D, bias=False)
+            self.v_proj = nn.Linear(c.dim, K * D, bias=False)
+            self.o_proj = nn.Linear(H * D, c.dim, bias=False)
+            if c.qk_norm:
+                self.q_norm, self.k_norm = RMSNorm(D), RMSNorm(D)
+
+        def forward(self, x, cos, sin):
+            B, T, _ = x.shape
+            H, K, D = c.n_heads, c.n_kv_heads, c.head_dim
+            q = self.q_proj(x).view(B, T, H, D)
+            k = self.k_proj(x).view(B, T, K, D)
+            v = self.v_proj(x).view(B, T, K, D)
+            if c.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            if K != H:
+                k = k.repeat_interleave(H // K, dim=1)
+                v = v.repeat_interleave(H // K, dim=1)
+            s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
+            mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+            p = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1)
+            return self.o_proj((p @ v).transpose(1, 2).reshape(B, T, H * D))
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj = nn.Linear(c.dim, c.ffn_dim, bias=False)
+            self.up_proj = nn.Linear(c.dim, c.ffn_dim, bias=False)
+            self.down_proj = nn.Linear(c.ffn_dim, c.dim, bias=False)
+
+        def forward(self, x):
+            return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.input_layernorm = RMSNorm(c.dim)
+            self.self_attn = Attn()
+            self.post_attention_layernorm = RMSNorm(c.dim)
+            self.mlp = MLP()
+
+        def forward(self, x, cos, sin):
+            x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+            return x + self.mlp(self.post_attention_layernorm(x))
+
+    class Inner(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = nn.Embedding(c.vocab_size, c.dim)
+            self.layers = nn.ModuleList([Layer() for _ in range(c.n_layers)])
+            self.norm = RMSNorm(c.dim)
+
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = Inner()
+            self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
+            i = torch.arange(0, c.head_dim, 2, dtype=torch.float64)
+            ang = torch.arange(c.max_seq_len, dtype=torch.float64)[:, None] / (c.rope_theta ** (i / c.head_dim))
+            ang = torch.cat([ang, ang], -1)
+            self.register_buffer("cos", torch.cos(ang).float()[:, None, :], persistent=False)
+            self.register_buffer("sin", torch.sin(ang).float()[:, None, :], persistent=False)
+
+        def forward(self, ids):
+            T = ids.shape[1]
+            x = self.model.embed_tokens(ids)
+            for layer in self.model.layers:
+                x = layer(x, self.cos[:T], self.sin[:T])
+            return self.lm_head(self.model.norm(x))
+
+    return LM()
+
+
+def torch_stepper(config, init_state: dict, threads: int | None):
+    """(step(batch) -> (loss, seconds), thread count) for the PyTorch eager twin, starting
+    from the engine's weights."""
+    import torch  # noqa: PLC0415
+
+    if threads:
+        torch.set_num_threads(threads)
+    model = _torch_model(config, torch)
+    model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in init_state.items()})
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+
+    def step(b):
+        bt = torch.from_numpy(b)
+        t0 = time.perf_counter()
+        logits = model(bt[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), bt[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return float(loss.detach()), time.perf_counter() - t0
+
+    return step, torch.get_num_threads()
+
+
+def run(args: argparse.Namespace) -> int:
+    from .model import PRESETS  # noqa: PLC0415
+
+    if args.preset not in PRESETS:
+        print(f"xtrain bench: unknown preset {args.preset!r}; choose one of {sorted(PRESETS)}")
+        return 2
+    base = PRESETS[args.preset]
+    config = base.replace(vocab_size=args.vocab_size, max_seq_len=max(base.max_seq_len, args.seq_len))
+    B, T = args.batch_size, args.seq_len
+    tokens = B * T
+    batches = _batches(config.vocab_size, B, T, args.steps + 1)
+    print(f"bench train: preset {args.preset} ({config.n_params() / 1e6:.2f}M params, vocab "
+          f"{config.vocab_size}), batch {B} x {T} = {tokens} tokens/step, {args.steps} timed steps, "
+          f"{os.cpu_count()} CPUs")
+    threads = args.threads or os.cpu_count() or 1
+    set_blas_threads(threads)
+    print(f"threads: {threads} (NumPy BLAS reports {blas_threads()}; torch gets the same)")
+    peak = sgemm_peak(args.peak_n)
+    print(f"sgemm peak (np.matmul float32 {args.peak_n}^3, best of 5): {peak / 1e9:.1f} GFLOP/s")
+    fpt = train_flops_per_token(config, T)
+    print(f"model FLOPs per trained token: {fpt / 1e6:.1f} MFLOP")
+
+    engine, init = engine_stepper(config)
+    torch_step, nthreads = None, None
+    if not args.no_torch:
+        try:
+            import torch  # noqa: F401,PLC0415
+        except ImportError:
+            print("torch is not installed, so there is nothing to compare against "
+                  "(pip install torch --index-url https://download.pytorch.org/whl/cpu)")
+        else:
+            torch_step, nthreads = torch_stepper(config, init, threads)
+    # Interleaved (engine step, torch step, ...): on a shared machine both see the same load.
+    # The first batch is a warm-up for both and is not timed.
+    et, tt, eloss, tloss = [], [], None, None
+    for i, b in enumerate(batches):
+        le, se = engine(b)
+        lt, st = torch_step(b) if torch_step else (None, None)
+        if i == 0:
+            eloss, tloss = le, lt
+            continue
+        et.append(se)
+        if torch_step:
+            tt.append(st)
+    peak = max(peak, sgemm_peak(args.peak_n))  # the best seen, before or after
+    e_step = float(np.median(et))
+    e_tps = tokens / e_step
+    mfu = e_tps * fpt / peak
+    print(f"engine: {e_step * 1e3:.0f} ms/step (median), {e_tps:,.0f} tok/s, "
+          f"{e_tps * fpt / 1e9:.1f} GFLOP/s, MFU {100 * mfu:.1f}% of {peak / 1e9:.1f} GFLOP/s, "
+          f"first loss {eloss:.4f}")
+    if torch_step is None:
+        why = "torch not run" if args.no_torch else "torch not installed"
+        print(f"throughput vs torch: n/a (engine {e_tps:,.0f} tok/s, {why}, MFU {100 * mfu:.1f}%)")
+        return 0
+    t_step = float(np.median(tt))
+    t_tps = tokens / t_step
+    print(f"torch ({nthreads} threads, eager): {t_step * 1e3:.0f} ms/step (median), {t_tps:,.0f} tok/s, "
+          f"MFU {100 * t_tps * fpt / peak:.1f}%, first loss {tloss:.4f} (same weights: "
+          f"|Δ| {abs(tloss - eloss):.1e})")
+    print(f"throughput vs torch: {e_tps / t_tps:.2f}x (engine {e_tps:,.0f} tok/s, "
+          f"torch {t_tps:,.0f} tok/s, MFU {100 * mfu:.1f}%)")
+    return 0
