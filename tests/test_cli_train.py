@@ -16,7 +16,7 @@ from test_train import small_corpus  # noqa: E402  (tests/ is on sys.path under 
 FLAGS = ["--preset", "test", "--vocab-size", "300", "--steps", "10", "--batch-size", "4",
          "--seq-len", "16", "--max-lr", "1e-2", "--warmup", "2", "--eval-every", "5",
          "--eval-batches", "2", "--sample-every", "5", "--sample-tokens", "8",
-         "--checkpoint-every", "5", "--no-progress"]
+         "--checkpoint-every", "5", "--no-progress", "--no-hf-check"]
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +31,17 @@ def _final_weights(run: Path) -> dict:
 
 def test_train_resume_sample(corpus, tmp_path, capsys):
     run = tmp_path / "run"
-    assert cli.main(["train", "--data", str(corpus), "--out", str(run), *FLAGS]) == 0
+    with_check = [f for f in FLAGS if f != "--no-hf-check"]
+    assert cli.main(["train", "--data", str(corpus), "--out", str(run), *with_check]) == 0
     out = capsys.readouterr().out
     assert "summary: done at step 10/10" in out and "sample @ 5" in out
+    assert (run / "hf" / "config.json").exists() and (run / "hf" / "model.safetensors").exists()
+    assert "exported the model to" in out
+    pytest.importorskip("transformers")
+    line = next(ln for ln in out.splitlines() if ln.startswith("transformers"))
+    assert "greedy 40 tokens identical on" in line and "max |Δlogit|" in line
+    max_delta = float(line.split("max |Δlogit| ")[1].split(";")[0])
+    assert max_delta < 1e-4, line
     for name in ("config.json", "tokenizer.json", "data", "checkpoints", "metrics.jsonl",
                  "loss.png", "samples.txt", "summary.json"):
         assert (run / name).exists(), name
@@ -135,7 +143,7 @@ def test_default_schedule_gets_the_time_limit(monkeypatch):
 
     def fake_train(cfg=None, *, overrides=None, **kw):
         seen.append(dict(overrides or {}))
-        return types.SimpleNamespace(status="done")
+        return types.SimpleNamespace(status="done", step=0)
 
     monkeypatch.setattr(train_mod, "train", fake_train)
     assert cli.main(["train", "--no-progress"]) == 0

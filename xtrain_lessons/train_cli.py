@@ -13,6 +13,9 @@ Settings come from, in increasing priority: the defaults (xtrain_lessons.train.T
     xtrain train --data my.txt --steps 3000 --out runs/mine
     xtrain train --config run.toml --max-lr 1e-3
     xtrain train --resume runs/mine [--steps 5000]  # continue exactly where it stopped
+    xtrain train --attention flash --recompute --dropout 0.1   # T13, T14, T18 switches
+At the end the model is exported to RUN_DIR/hf/ in the Hugging Face layout (T09) and, when
+transformers is installed, loaded there and compared with the engine (greedy tokens, logits).
 Ctrl-C stops at the end of the current step and saves a checkpoint. The default schedule
 (no --steps, no --config) also stops, with a checkpoint, after 540 s of wall time, so it fits
 in 10 minutes even on a slow or busy machine; --time-limit changes that.
@@ -71,6 +74,16 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="override a model preset field, e.g. --model n_layers=2 (repeatable)")
     parser.add_argument("--stop-at", type=int, default=None,
                         help="stop after this many steps without changing the schedule (then --resume)")
+    parser.add_argument("--attention", choices=["composed", "flash"], default=None,
+                        help="attention path: composed (T05) or flash (T14)")
+    parser.add_argument("--recompute", action="store_true", default=None,
+                        help="recompute each block's activations in backward (T13)")
+    parser.add_argument("--dropout", type=float, default=None, metavar="P",
+                        help="dropout probability at the residual sites (T18)")
+    parser.add_argument("--no-export", dest="export", action="store_false",
+                        help="do not export RUN_DIR/hf/ (Hugging Face layout) at the end")
+    parser.add_argument("--no-hf-check", dest="hf_check", action="store_false",
+                        help="export, but skip the closed-loop comparison in transformers")
     bar = parser.add_mutually_exclusive_group()
     bar.add_argument("--progress", dest="progress", action="store_true", default=None,
                      help="show the progress bar (default: when stderr is a terminal)")
@@ -95,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
             k, v = item.split("=", 1)
             model[k.strip()] = _parse_value(v.strip())
         overrides["model"] = model
+    switches = {"attention": args.attention, "recompute": args.recompute, "dropout": args.dropout}
+    switches = {k: v for k, v in switches.items() if v is not None}
+    if switches:
+        overrides["model"] = {**overrides.get("model", {}), **switches}
     try:
         if args.resume:
             if args.config:
@@ -117,4 +134,26 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if result.status == "interrupted":
         return 130
+    if args.export and result.step > 0:
+        export_and_check(result, check=args.hf_check)
     return 0
+
+
+CHECK_PROMPTS = ["Once upon a time", "One day, a little girl named", "The dog was"]
+
+
+def export_and_check(result, check: bool = True) -> None:
+    """T09's closed loop: export RUN_DIR/hf/, then let transformers load it and compare."""
+    from xtrain_lessons.export import ExportError, closed_loop_check, export_hf  # noqa: PLC0415
+
+    hf_dir = result.run_dir / "hf"
+    try:
+        export_hf(result.model, result.tokenizer, hf_dir)
+    except ExportError as e:
+        print(f"export skipped: {e}")
+        return
+    print(f"exported the model to {hf_dir} (Hugging Face Qwen3 layout)")
+    if not check:
+        return
+    report = closed_loop_check(result.model, result.tokenizer, hf_dir, CHECK_PROMPTS, n_tokens=40)
+    print(report.get("summary") or report.get("reason") or "transformers: check unavailable")
