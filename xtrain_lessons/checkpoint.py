@@ -334,8 +334,13 @@ def _load_tensors(ckpt: Path, fname: str, info: dict | None) -> dict[str, np.nda
         raise CheckpointCorruptError(f"{p} is not a readable safetensors file ({e})") from e
 
 
+# Model-config fields that choose how the same weights are computed, not what they are:
+# a run may be resumed with recompute (T13) or flash attention (T14) switched on or off.
+EXECUTION_ONLY_FIELDS = frozenset({"recompute", "attention"})
+
+
 def _config_diff(saved: dict, expected: dict) -> list[str]:
-    keys = sorted(set(saved) | set(expected))
+    keys = sorted((set(saved) | set(expected)) - EXECUTION_ONLY_FIELDS)
     return [f"{k}: checkpoint {saved.get(k)!r} vs expected {expected.get(k)!r}"
             for k in keys if saved.get(k) != expected.get(k)]
 

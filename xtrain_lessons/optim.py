@@ -2,8 +2,9 @@
 
 A parameter is anything with a ``.data`` array and a ``.grad`` array (or ``None``):
 the engine's ``Tensor`` or any stand-in. Updates are done in place on ``.data``, in
-the parameter's own dtype, with exactly the arithmetic of ``torch.optim.AdamW`` /
-``torch.optim.SGD`` (single-tensor path), so the two agree to rounding.
+the parameter's own dtype, following the arithmetic of ``torch.optim.AdamW`` /
+``torch.optim.SGD`` (single-tensor path), so the two agree to rounding (not bit for bit:
+one step can differ by an ulp).
 
 AdamW, for a parameter θ with gradient g at step t (1-based, counted per parameter):
 

@@ -279,11 +279,18 @@ def evaluate(model, dataset, batch_size: int, seq_len: int, n_batches: int, seed
         rng = np.random.default_rng(seed)
         batches = (dataset.get_batch(batch_size, seq_len, rng) for _ in range(n_batches))
     total, count = 0.0, 0
-    with no_grad():
-        for x, y in batches:
-            n = x.shape[0] * x.shape[1]
-            total += float(model.loss(x, y).item()) * n
-            count += n
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()  # dropout (T18) is the identity while evaluating
+    try:
+        with no_grad():
+            for x, y in batches:
+                n = x.shape[0] * x.shape[1]
+                total += float(model.loss(x, y).item()) * n
+                count += n
+    finally:
+        if hasattr(model, "train"):
+            model.train(was_training)
     if count == 0:
         raise ValueError("evaluate: the validation split is empty")
     return total / count
@@ -565,6 +572,7 @@ def _run(cfg: TrainConfig, run_dir: Path, resume, conf, stop_at, progress, log, 
                     # update k = step+1 of 1..steps: warmup ends at k = warmup, min_lr at k = steps
                     lr = lr_at(step + 1, cfg.max_lr, cfg.min_lr, cfg.warmup, cfg.steps)
                     x, y = train_ds.get_batch(cfg.batch_size, cfg.seq_len, rng)
+                    model.dropout_step = step  # T18: masks keyed by step, so resume redraws them
                     loss = model.loss(x, y)
                     loss_val = float(loss.item())
                     if not math.isfinite(loss_val):
