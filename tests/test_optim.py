@@ -234,7 +234,7 @@ def test_clip_grad_norm_matches_torch(max_norm, dtype):
         p.grad, t.grad = g, torch.from_numpy(g.copy())
     norm = clip_grad_norm(mine, max_norm)
     tnorm = float(torch.nn.utils.clip_grad_norm_(theirs, max_norm))
-    tol = 10 * np.finfo(dtype).eps
+    tol = 10 * float(np.finfo(dtype).eps)
     assert abs(norm - tnorm) <= tol * tnorm
     for p, t in zip(mine, theirs):
         if t.grad is None:
