@@ -4,7 +4,6 @@ Bit-identity is the claim (np.array_equal, not a tolerance): the recomputed forw
 same NumPy operations on the same arrays, and the backward the same ones in the same order.
 """
 
-import time
 
 import numpy as np
 import pytest
@@ -222,21 +221,22 @@ def test_memory_deterministic_and_grows_with_layers():
     assert d_full > 10 * d_rec
 
 
-@pytest.mark.slow
-def test_time_overhead_bounded():
-    cfg = SMALL.replace(n_layers=4)
-    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (8, 48))
+def test_recompute_costs_exactly_one_extra_block_forward(monkeypatch):
+    """The time cost of recompute, counted instead of timed: each block's projections run once
+    more in backward, the lm_head does not (the time itself is measured in the T13 notebook)."""
+    import xtrain_lessons.model as model_mod
 
-    def step_time(recompute):
-        model = Model(cfg.replace(recompute=recompute), seed=0)
-        best = float("inf")
-        for _ in range(3):
-            model.zero_grad()
-            t0 = time.perf_counter()
-            model.loss(ids, ids).backward()
-            best = min(best, time.perf_counter() - t0)
-        return best
+    cfg = SMALL.replace(n_layers=3)
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 12))
+    calls = []
+    real_linear = model_mod.linear
+    monkeypatch.setattr(model_mod, "linear", lambda x, w: calls.append(1) or real_linear(x, w))
 
-    base, rec = step_time(False), step_time(True)
-    # one extra forward of the blocks: about 1.3x; a loaded machine is noisy, so bound loosely
-    assert rec < 3.0 * base
+    def projections(recompute):
+        calls.clear()
+        Model(cfg.replace(recompute=recompute), seed=0).loss(ids, ids).backward()
+        return len(calls)
+
+    per_block = 7  # q, k, v, o, gate, up, down
+    assert projections(False) == per_block * cfg.n_layers + 1
+    assert projections(True) == 2 * per_block * cfg.n_layers + 1
