@@ -1,0 +1,94 @@
+"""Fused AdamW kernel (T07) on the CPU emulator against optim.AdamW."""
+
+import numpy as np
+import pytest
+
+from xtrain_lessons.kernels.adamw import FusedAdamW, adamw_flat, adamw_reference
+from xtrain_lessons.model import PRESETS, Model
+from xtrain_lessons.optim import AdamW
+
+
+@pytest.mark.parametrize("n,n_decay", [(1, 1), (300, 0), (1000, 777), (4099, 4099)])
+def test_kernel_equals_reference(n, n_decay):
+    rng = np.random.default_rng(n)
+    p = rng.standard_normal(n, dtype=np.float32)
+    m = np.zeros(n, np.float32)
+    v = np.zeros(n, np.float32)
+    q, m2, v2 = p.copy(), m.copy(), v.copy()
+    for step in range(1, 4):
+        g = rng.standard_normal(n, dtype=np.float32)
+        adamw_flat(p, g, m, v, step, 1e-2, (0.9, 0.95), 1e-8, 0.1, n_decay)
+        adamw_reference(q, g, m2, v2, step, 1e-2, (0.9, 0.95), 1e-8, 0.1, n_decay)
+    # float32 to rounding (a GPU may fuse multiply-adds); the emulator does exactly the same ops
+    np.testing.assert_allclose(p, q, rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose(m, m2, rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose(v, v2, rtol=2e-6, atol=1e-9)
+
+
+def test_reference_equals_optim_adamw():
+    rng = np.random.default_rng(0)
+
+    class P:
+        def __init__(self, a):
+            self.data, self.grad = a, None
+
+    w = P(rng.standard_normal(50, dtype=np.float32))
+    flat = w.data.copy()
+    m, v = np.zeros(50, np.float32), np.zeros(50, np.float32)
+    opt = AdamW([w], lr=3e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05)
+    for step in range(1, 5):
+        g = rng.standard_normal(50, dtype=np.float32)
+        w.grad = g
+        opt.step()
+        adamw_reference(flat, g, m, v, step, 3e-3, (0.8, 0.99), 1e-6, 0.05)
+    np.testing.assert_array_equal(flat, w.data)
+
+
+def train(opt_cls, steps=3, seed=0):
+    cfg = PRESETS["test"]
+    model = Model(cfg, seed=0)
+    opt = opt_cls(model.named_parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        ids, targets = rng.integers(0, cfg.vocab_size, (2, 8)), rng.integers(0, cfg.vocab_size, (2, 8))
+        model.zero_grad()
+        model.loss(ids, targets).backward()
+        opt.step()
+    return model, opt
+
+
+def test_fused_adamw_trains_like_adamw():
+    ma, oa = train(AdamW)
+    mb, ob = train(FusedAdamW)
+    for name, p in ma.named_parameters().items():
+        np.testing.assert_allclose(mb.params[name].data, p.data, rtol=1e-5, atol=1e-7, err_msg=name)
+    sa, sb = oa.state_dict(), ob.state_dict()
+    assert sa["meta"]["step"] == sb["meta"]["step"]
+    for k in sa["tensors"]:
+        np.testing.assert_allclose(sb["tensors"][k], sa["tensors"][k], rtol=1e-5, atol=1e-9, err_msg=k)
+    # the parameters live in the flat buffer
+    assert all(np.shares_memory(p.data, ob.flat_param) for p in mb.parameters())
+    assert ob.n_decay == sum(p.size for p in mb.parameters() if p.ndim >= 2)
+
+
+def test_fused_state_dict_round_trip():
+    mb, ob = train(FusedAdamW, steps=2)
+    sd = ob.state_dict()
+    model = Model(PRESETS["test"], seed=0)
+    model.load_state_dict(mb.state_dict())
+    opt = FusedAdamW(model.named_parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    opt.load_state_dict(sd)
+    assert opt._step == 2
+    np.testing.assert_array_equal(opt.flat_exp_avg, ob.flat_exp_avg)
+    for st in opt.state.values():
+        assert np.shares_memory(st["exp_avg"], opt.flat_exp_avg)
+
+
+def test_fused_adamw_refuses_what_it_cannot_do():
+    model = Model(PRESETS["test"], seed=0)
+    opt = FusedAdamW(model.named_parameters())
+    with pytest.raises(ValueError, match="no gradient"):
+        opt.step()
+    m64 = Model(PRESETS["test"], seed=0, dtype=np.float64)
+    with pytest.raises(ValueError, match="float32"):
+        FusedAdamW(m64.named_parameters())

@@ -1,0 +1,31 @@
+// adamw.cu — a fused AdamW update over ONE flat float32 buffer of all parameters (phase T07).
+//
+// The per-parameter optimizer (optim.AdamW) runs ~10 array ops per parameter tensor: on a GPU
+// that is ~10 kernel launches x (number of tensors) per step, each reading and writing whole
+// arrays. Here the parameters, gradients and both moments live in flat buffers and one launch
+// does everything, each element read once and written once.
+//
+// Elements [0, n_decay) get the decoupled weight decay (the 2-D weights, laid out first),
+// elements [n_decay, n) none (norm gains). The scalars are precomputed on the host in float32,
+// in the same order of operations as optim.AdamW:
+//   decay = 1 - lr*wd, one_minus_b1 = 1 - b1, b2, one_minus_b2 = 1 - b2,
+//   bc2_sqrt = sqrt(1 - b2^t), eps, neg_step = -lr / (1 - b1^t)
+// Grid-stride loop: any grid size covers all n elements.
+extern "C" __global__ void adamw_step(float* __restrict__ p, const float* __restrict__ g,
+                                      float* __restrict__ m, float* __restrict__ v,
+                                      float decay, float one_minus_b1, float b2, float one_minus_b2,
+                                      float bc2_sqrt, float eps, float neg_step, int n, int n_decay) {
+    int stride = gridDim.x * blockDim.x;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float theta = p[i];
+        if (i < n_decay) theta = theta * decay;
+        float gi = g[i];
+        float mi = m[i];
+        mi = mi + one_minus_b1 * (gi - mi);
+        float vi = v[i] * b2 + one_minus_b2 * (gi * gi);
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        p[i] = theta + neg_step * (mi / denom);
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
