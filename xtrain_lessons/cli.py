@@ -24,6 +24,7 @@ SUBCOMMANDS: list[tuple[str, str]] = [
     ("train", "xtrain_lessons.train_cli"),
     ("sample", "xtrain_lessons.sample_cli"),
     ("bench", "xtrain_lessons.bench"),
+    ("launch", "xtrain_lessons.launch"),
 ]
 
 

@@ -206,6 +206,9 @@ class Model:
         self.training = True
         self.dropout_seed = seed
         self.dropout_step = 0  # training-mode forwards with dropout so far
+        # T12: "bf16" runs __call__/loss with bf16 compute on float32 master weights
+        # (xtrain_lessons.amp); decoding with a KV cache stays float32
+        self.compute_dtype = "float32"
 
     def __repr__(self):
         c = self.config
@@ -280,6 +283,10 @@ class Model:
     # -- forward ---------------------------------------------------------------------------
     def __call__(self, ids) -> Tensor:
         """ids: int array (B, T) with T <= max_seq_len -> logits Tensor (B, T, V)."""
+        if self.compute_dtype == "bf16":  # T12 mixed precision
+            from .amp import forward_bf16  # noqa: PLC0415
+
+            return forward_bf16(self, ids)
         return self._forward(ids)
 
     forward = __call__
@@ -287,6 +294,10 @@ class Model:
     def loss(self, ids, targets, ignore_index: int = -100) -> Tensor:
         """Mean cross-entropy of the next-token logits against `targets` (B, T); positions
         whose target is `ignore_index` do not count."""
+        if self.compute_dtype == "bf16":  # T12: float32 loss from bf16 logits
+            from .amp import loss_bf16  # noqa: PLC0415
+
+            return loss_bf16(self, ids, targets, ignore_index)
         return ops.cross_entropy(self(ids), targets, ignore_index=ignore_index)
 
     def new_cache(self, batch: int = 1) -> KVCache:

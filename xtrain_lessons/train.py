@@ -93,6 +93,9 @@ class TrainConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0          # 0 disables clipping (the norm is still logged)
+    accum_steps: int = 1            # T16: micro-batches of batch_size per optimizer step (loss / N
+                                    # each, one update); under `xtrain launch` (T17) every rank
+                                    # takes batch_size rows: global batch = batch_size*accum*ranks
     seed: int = 0
     # bookkeeping
     out: str | None = None          # run directory; default runs/<timestamp>
@@ -110,6 +113,8 @@ class TrainConfig:
                                      # --steps/--config uses DEFAULT_RUN_TIME_LIMIT
     threads: int = 1                # NumPy BLAS threads (0: library default). On a shared
                                     # 2-core machine 1 thread measured 4-8x faster than 2
+    dtype: str = "float32"          # T12 compute dtype: "float32" or "bf16" (float32 master
+                                    # weights and AdamW state either way; xtrain_lessons.amp)
 
     # -- (de)serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -142,7 +147,7 @@ class TrainConfig:
         return dataclasses.replace(self, **changes).validate()
 
     def validate(self) -> "TrainConfig":
-        for name in ("steps", "batch_size", "seq_len", "eval_batches", "vocab_size"):
+        for name in ("steps", "batch_size", "seq_len", "eval_batches", "vocab_size", "accum_steps"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"TrainConfig: {name} must be a positive integer, got {v!r}")
@@ -155,6 +160,8 @@ class TrainConfig:
             raise ValueError("TrainConfig: learning rates must be >= 0")
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"TrainConfig: val_fraction must be in (0, 1), got {self.val_fraction}")
+        if self.dtype not in ("float32", "bf16"):
+            raise ValueError(f"TrainConfig: dtype must be 'float32' or 'bf16', got {self.dtype!r}")
         return self
 
 
@@ -442,9 +449,20 @@ def _run(cfg: TrainConfig, run_dir: Path, resume, conf, stop_at, progress, log, 
         else:
             print(msg, flush=True)
 
+    from .ddp import DDP, accumulate_gradients, agree_any, average_scalar, micro_batches, setup_from_env  # noqa: PLC0415
+
+    dp = setup_from_env()  # T17: (rank, world size) under `xtrain launch` / torchrun, else None
+    dp_rank, dp_world = dp if dp else (0, 1)
+    if dp_rank:  # only rank 0 logs, samples and checkpoints
+        say = lambda msg: None  # noqa: E731
+        progress = False
+        from .distributed import barrier  # noqa: PLC0415
+
+        barrier()  # rank 0 writes the tokenizer and the data first (its barrier is below)
+
     # --- tokenizer -------------------------------------------------------------------------
     tok_path = run_dir / "tokenizer.json"
-    if resume is None:
+    if resume is None and not dp_rank:
         if (run_dir / "checkpoints" / "latest").exists():
             raise ValueError(f"{run_dir} already holds a run with checkpoints: continue it with "
                              f"--resume {run_dir}, or choose another --out")
@@ -454,7 +472,7 @@ def _run(cfg: TrainConfig, run_dir: Path, resume, conf, stop_at, progress, log, 
             cfg = cfg.replace(data=str(default_corpus_path()))
         if not Path(cfg.data).exists():
             raise FileNotFoundError(f"training text not found: {cfg.data}")
-    if resume is not None:
+    if resume is not None or dp_rank:
         tok = load_tokenizer(str(tok_path))
     else:
         if cfg.tokenizer:
@@ -468,11 +486,16 @@ def _run(cfg: TrainConfig, run_dir: Path, resume, conf, stop_at, progress, log, 
     tok_hash = tokenizer_hash(tok)
 
     # --- data, model, optimizer --------------------------------------------------------------
-    train_ds, val_ds = _prepare_data(cfg, run_dir, tok, say, reuse=resume is not None)
+    train_ds, val_ds = _prepare_data(cfg, run_dir, tok, say, reuse=resume is not None or bool(dp_rank))
+    if dp and not dp_rank:
+        from .distributed import barrier  # noqa: PLC0415
+
+        barrier()  # the tokenizer and the data are ready for the other ranks
     mcfg = _model_config(cfg, _vocab_size(tok))
     if resume is not None:
         mcfg = Config.from_dict(conf["model"])
     model = Model(mcfg, seed=cfg.seed)
+    model.compute_dtype = cfg.dtype  # T12: bf16 compute copies of the float32 masters
     from .device import get_device, to_device  # noqa: PLC0415
 
     device = get_device()  # $XTRAIN_DEVICE / --device; "auto" is the CPU on a machine without GPU
@@ -486,6 +509,10 @@ def _run(cfg: TrainConfig, run_dir: Path, resume, conf, stop_at, progress, log, 
     step = 0
     metrics_path = run_dir / "metrics.jsonl"
     samples_path = run_dir / "samples.txt"
+    ddp = DDP(model) if dp else None  # T08: rank 0's parameters everywhere, gradients averaged
+    if dp_rank:  # T17: the other ranks keep their metrics aside
+        (run_dir / f".rank{dp_rank}").mkdir(exist_ok=True)
+        metrics_path, samples_path = (run_dir / f".rank{dp_rank}" / n for n in ("metrics.jsonl", "samples.txt"))
 
     if resume is not None:
         ck = load_checkpoint(run_dir, model, opt, expected_model_config=mcfg.to_dict(),
@@ -509,12 +536,13 @@ def _run(cfg: TrainConfig, run_dir: Path, resume, conf, stop_at, progress, log, 
         if samples_path.exists():
             samples_path.unlink()
 
-    _write_json_atomic(run_dir / "config.json", {
-        "train": cfg.to_dict(), "model": mcfg.to_dict(), "tokenizer_hash": tok_hash,
-        "n_params": model.n_params(), "data": {"dir": "data", "source": cfg.data},
-    })
+    if not dp_rank:
+        _write_json_atomic(run_dir / "config.json", {
+            "train": cfg.to_dict(), "model": mcfg.to_dict(), "tokenizer_hash": tok_hash,
+            "n_params": model.n_params(), "data": {"dir": "data", "source": cfg.data},
+        })
 
-    tokens_per_step = cfg.batch_size * cfg.seq_len
+    tokens_per_step = cfg.batch_size * cfg.accum_steps * dp_world * cfg.seq_len
     n_train_tokens = _dataset_tokens(train_ds)
     if n_train_tokens is not None and n_train_tokens < cfg.seq_len + 1:
         raise ValueError(f"the training split has {n_train_tokens} tokens, fewer than one window of "
@@ -531,11 +559,15 @@ def _run(cfg: TrainConfig, run_dir: Path, resume, conf, stop_at, progress, log, 
         + (f"; time limit {cfg.time_limit:.0f}s" if cfg.time_limit else ""))
 
     def checkpoint(at_step: int, data_rng) -> None:
+        if dp_rank:
+            return
         save_checkpoint(run_dir / "checkpoints", at_step, model, opt, train_config=cfg.to_dict(),
                         rng=data_rng, tokenizer_hash=tok_hash, keep_last=cfg.keep_checkpoints or None,
                         data_position=None)
 
     def sample(at_step: int) -> str:
+        if dp_rank:
+            return ""
         text = _sample_text(model, tok, cfg.sample_prompt, cfg.sample_tokens, cfg.sample_temperature,
                             cfg.sample_top_k, seed=cfg.seed + at_step)
         with open(samples_path, "a", encoding="utf-8") as f:
@@ -559,10 +591,13 @@ def _run(cfg: TrainConfig, run_dir: Path, resume, conf, stop_at, progress, log, 
     try:
         with _SigintDefer() as sigint:
             while step < end:
+                over_time = bool(cfg.time_limit) and time.perf_counter() - t_start > cfg.time_limit
+                if ddp is not None:  # T17: every rank stops at the same step
+                    sigint.requested, over_time = agree_any([sigint.requested, over_time])
                 if sigint.requested:
                     status = "interrupted"
                     break
-                if cfg.time_limit and time.perf_counter() - t_start > cfg.time_limit:
+                if over_time:
                     status = "time_limit"
                     break
                 rng_before = rng.bit_generator.state
@@ -571,18 +606,24 @@ def _run(cfg: TrainConfig, run_dir: Path, resume, conf, stop_at, progress, log, 
                     t0 = time.perf_counter()
                     # update k = step+1 of 1..steps: warmup ends at k = warmup, min_lr at k = steps
                     lr = lr_at(step + 1, cfg.max_lr, cfg.min_lr, cfg.warmup, cfg.steps)
-                    x, y = train_ds.get_batch(cfg.batch_size, cfg.seq_len, rng)
+                    x, y = train_ds.get_batch(cfg.batch_size * cfg.accum_steps * dp_world, cfg.seq_len, rng)
                     model.dropout_step = step  # T18: masks keyed by step, so resume redraws them
-                    loss = model.loss(x, y)
-                    loss_val = float(loss.item())
+                    loss = None
+                    if cfg.accum_steps > 1 or ddp is not None:  # T16/T08: this rank's micro-batches,
+                        loss_val = average_scalar(accumulate_gradients(  # one all-reduce at the end
+                            model, micro_batches(x, y, cfg.accum_steps, dp_rank, dp_world), ddp))
+                    else:
+                        loss = model.loss(x, y)
+                        loss_val = float(loss.item())
                     if not math.isfinite(loss_val):
                         raise TrainingDiverged(
                             f"loss is {loss_val} at step {step} (lr {lr:.3g}); stopping before the "
                             f"update. The last good checkpoint is left as it was; lower --max-lr "
                             f"or --grad-clip and resume.")
-                    model.zero_grad()
-                    loss.backward()
-                    del loss
+                    if loss is not None:
+                        model.zero_grad()
+                        loss.backward()
+                        del loss
                     if cfg.grad_clip > 0:
                         gnorm = clip_grad_norm(params, cfg.grad_clip)
                     else:
@@ -656,7 +697,7 @@ def _run(cfg: TrainConfig, run_dir: Path, resume, conf, stop_at, progress, log, 
 
     metrics = read_metrics(metrics_path)
     final_sample = None
-    if status != "diverged" and step > 0:
+    if status != "diverged" and step > 0 and not dp_rank:
         try:
             plot_metrics(metrics, run_dir / "loss.png",
                          title=f"{run_dir.name}: {cfg.preset}, {model.n_params() / 1e6:.2f}M params")
@@ -682,7 +723,8 @@ def _run(cfg: TrainConfig, run_dir: Path, resume, conf, stop_at, progress, log, 
     if summary["sample"] is None and samples_path.exists():
         chunks = samples_path.read_text(encoding="utf-8").split("--- step ")
         summary["sample"] = chunks[-1].split("\n", 1)[-1].strip() if len(chunks) > 1 else None
-    _write_json_atomic(run_dir / "summary.json", summary)
+    if not dp_rank:
+        _write_json_atomic(run_dir / "summary.json", summary)
     if status != "diverged":
         lf, ll = summary["loss_first"], summary["loss_last_mean10"]
         say(f"summary: {status} at step {step}/{cfg.steps}"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 # flag name -> (TrainConfig field, type, help)
@@ -53,6 +54,10 @@ _FLAGS = [
     ("--time-limit", "time_limit", float, "stop (with a checkpoint) after this many seconds (0: none; "
      "default: none, or 540 for the default schedule, i.e. without --steps or --config)"),
     ("--threads", "threads", int, "NumPy BLAS threads (0: the library default)"),
+    ("--accum-steps", "accum_steps", int, "T16: micro-batches of --batch-size per optimizer step "
+     "(gradient accumulation; under `xtrain launch` each rank takes --batch-size rows)"),
+    ("--dtype", "dtype", str, "compute dtype: float32 or bf16 (T12 mixed precision: bf16 copies of "
+     "float32 master weights)"),
 ]
 
 
@@ -92,6 +97,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from xtrain_lessons.train import DEFAULT_RUN_TIME_LIMIT, TrainConfig, train  # noqa: PLC0415
+    from xtrain_lessons.distributed import DistributedError  # noqa: PLC0415
 
     overrides = {dest: getattr(args, dest) for _, dest, _, _ in _FLAGS if getattr(args, dest) is not None}
     if args.name:
@@ -130,10 +136,15 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"xtrain train: error: {e}", file=sys.stderr)
         return 2
+    except DistributedError as e:  # T17: a peer died or timed out; the launcher stops the rest
+        print(f"xtrain train: error: {e}", file=sys.stderr)
+        return 1
     if result.status == "diverged":
         return 1
     if result.status == "interrupted":
         return 130
+    if os.environ.get("RANK", "0") != "0":  # T17: under `xtrain launch`, rank 0 exports
+        return 0
     if args.export and result.step > 0:
         export_and_check(result, check=args.hf_check)
     return 0
@@ -155,5 +166,6 @@ def export_and_check(result, check: bool = True) -> None:
     print(f"exported the model to {hf_dir} (Hugging Face Qwen3 layout)")
     if not check:
         return
+    result.model.compute_dtype = "float32"  # T12: compare the float32 master weights
     report = closed_loop_check(result.model, result.tokenizer, hf_dir, CHECK_PROMPTS, n_tokens=40)
     print(report.get("summary") or report.get("reason") or "transformers: check unavailable")
