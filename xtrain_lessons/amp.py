@@ -304,55 +304,18 @@ def cross_entropy(logits: Tensor, targets, ignore_index: int = -100) -> Tensor:
 def forward_bf16(model, ids) -> Tensor:
     """Logits (B, T, V), bf16, of `model` (a model.Model) with bf16 compute (module doc).
 
-    The same computation as Model._forward (no KV cache): embedding, n_layers blocks
-    (RMSNorm, q/k/v projections, QK-norm, RoPE, causal attention, o_proj, residual; RMSNorm,
-    SwiGLU MLP, residual), final RMSNorm, lm_head; T13 recompute and T18 dropout included
-    (the same Philox mask sites). Each matmul weight is cast to bf16 once per call.
+    The model's own forward (`Model._forward`: QK-norm, GQA, T13 recompute, T18 dropout at
+    the same Philox sites), run with this module's bf16 layer functions and bf16 copies of
+    the weights, cast once per call. The residual stream stays float32.
     """
-    from . import ops  # noqa: PLC0415
-    from .recompute import checkpoint  # noqa: PLC0415
+    from types import SimpleNamespace  # noqa: PLC0415
 
-    c = model.config
-    if c.attention != "composed":
+    if model.config.attention != "composed":
         raise ValueError("bf16 compute supports attention='composed' only (not the flash path)")
-    ids = np.asarray(ids.data if isinstance(ids, Tensor) else ids)
-    if ids.ndim != 2 or ids.dtype.kind not in "iu":
-        raise ValueError(f"forward_bf16: ids must be an integer array (B, T), got {ids.dtype} {ids.shape}")
-    B, T = ids.shape
-    if T > c.max_seq_len:
-        raise ValueError(f"Model: positions up to {T} exceed max_seq_len={c.max_seq_len}")
     _need_numpy(model.params["lm_head.weight"].data)
-    P = cast_params(model.params)  # bf16 copies of the matmul weights, once per forward
-    H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
-    cos, sin = model.rope_cos[:T], model.rope_sin[:T]
-    x = ops.embedding(P["model.embed_tokens.weight"], ids)  # float32 residual stream
-    drop_base = None
-    if c.dropout > 0 and model.training:
-        drop_base, model.dropout_step = model.dropout_step * 2 * c.n_layers, model.dropout_step + 1
-
-    def resid(t, site):
-        return t if drop_base is None else dropout(t, c.dropout, model.dropout_seed, drop_base + site)
-
-    def block(x, i):
-        p = f"model.layers.{i}."
-        h = rmsnorm(x, P[p + "input_layernorm.weight"], c.norm_eps)
-        q = linear(h, P[p + "self_attn.q_proj.weight"]).reshape(B, T, H, D)
-        k = linear(h, P[p + "self_attn.k_proj.weight"]).reshape(B, T, Hkv, D)
-        v = linear(h, P[p + "self_attn.v_proj.weight"]).reshape(B, T, Hkv, D)
-        if c.qk_norm:
-            q = rmsnorm(q, P[p + "self_attn.q_norm.weight"], c.norm_eps)
-            k = rmsnorm(k, P[p + "self_attn.k_norm.weight"], c.norm_eps)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
-        a = causal_attention(q, k, v).reshape(B, T, H * D)
-        x = x + resid(linear(a, P[p + "self_attn.o_proj.weight"]), 2 * i)  # float32 + bf16
-        h = rmsnorm(x, P[p + "post_attention_layernorm.weight"], c.norm_eps)
-        g = swiglu(linear(h, P[p + "mlp.gate_proj.weight"]), linear(h, P[p + "mlp.up_proj.weight"]))
-        return x + resid(linear(g, P[p + "mlp.down_proj.weight"]), 2 * i + 1)
-
-    for i in range(c.n_layers):
-        x = checkpoint(block, x, i) if c.recompute else block(x, i)
-    x = rmsnorm(x, P["model.norm.weight"], c.norm_eps)
-    return linear(x, P["lm_head.weight"])
+    layers = SimpleNamespace(rmsnorm=rmsnorm, linear=linear, rope=rope, attention=causal_attention,
+                             swiglu=swiglu, dropout=dropout)
+    return model._forward(ids, layers=layers, params=cast_params(model.params))
 
 
 def loss_bf16(model, ids, targets, ignore_index: int = -100) -> Tensor:

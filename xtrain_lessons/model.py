@@ -26,6 +26,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -318,8 +319,20 @@ class Model:
         cache.pos = start_pos + np.shape(ids)[1]
         return logits.data
 
-    def _forward(self, ids, cache: KVCache | None = None, start_pos: int = 0) -> Tensor:
-        c, P = self.config, self.params
+    def _layers(self) -> SimpleNamespace:
+        """The layer functions of the float32 forward (looked up at call time, so a test can
+        patch one). T12's bf16 path passes its own set with the same signatures."""
+        attend = flash_attention if self.config.attention == "flash" else causal_attention  # T14
+        return SimpleNamespace(rmsnorm=ops.rmsnorm, linear=linear, rope=rope, attention=attend,
+                               swiglu=swiglu, dropout=dropout)
+
+    def _forward(self, ids, cache: KVCache | None = None, start_pos: int = 0, *,
+                 layers: SimpleNamespace | None = None, params: dict | None = None) -> Tensor:
+        """The forward pass. `layers`/`params` replace the layer functions and the weights
+        (T12 passes bf16 layers and bf16 weight copies); by default float32 and self.params."""
+        c = self.config
+        P = self.params if params is None else params
+        L = self._layers() if layers is None else layers
         ids = ids.data if isinstance(ids, Tensor) else ids
         xp = array_module(P["lm_head.weight"].data)
         ids = xp.asarray(ids)
@@ -349,34 +362,33 @@ class Model:
             drop_base, self.dropout_step = self.dropout_step * 2 * c.n_layers, self.dropout_step + 1
 
         def resid(t, site):
-            return t if drop_base is None else dropout(t, c.dropout, self.dropout_seed, drop_base + site)
+            return t if drop_base is None else L.dropout(t, c.dropout, self.dropout_seed, drop_base + site)
 
         def block(x, i):  # transformer block i: x -> x + attention, then + MLP
             p = f"model.layers.{i}."
             # attention
-            h = ops.rmsnorm(x, P[p + "input_layernorm.weight"], c.norm_eps)
-            q = linear(h, P[p + "self_attn.q_proj.weight"]).reshape(B, T, H, D)
-            k = linear(h, P[p + "self_attn.k_proj.weight"]).reshape(B, T, Hkv, D)
-            v = linear(h, P[p + "self_attn.v_proj.weight"]).reshape(B, T, Hkv, D)
+            h = L.rmsnorm(x, P[p + "input_layernorm.weight"], c.norm_eps)
+            q = L.linear(h, P[p + "self_attn.q_proj.weight"]).reshape(B, T, H, D)
+            k = L.linear(h, P[p + "self_attn.k_proj.weight"]).reshape(B, T, Hkv, D)
+            v = L.linear(h, P[p + "self_attn.v_proj.weight"]).reshape(B, T, Hkv, D)
             if c.qk_norm:  # per-head RMSNorm over head_dim, before RoPE (Qwen3)
-                q = ops.rmsnorm(q, P[p + "self_attn.q_norm.weight"], c.norm_eps)
-                k = ops.rmsnorm(k, P[p + "self_attn.k_norm.weight"], c.norm_eps)
-            q, k = rope(q, cos, sin), rope(k, cos, sin)  # (B, T, H|Hkv, D)
+                q = L.rmsnorm(q, P[p + "self_attn.q_norm.weight"], c.norm_eps)
+                k = L.rmsnorm(k, P[p + "self_attn.k_norm.weight"], c.norm_eps)
+            q, k = L.rope(q, cos, sin), L.rope(k, cos, sin)  # (B, T, H|Hkv, D)
             if cache is not None:  # store this step's keys/values, attend over the prefix
                 cache.k[i][:, start_pos:end] = k.data
                 cache.v[i][:, start_pos:end] = v.data
                 k, v = Tensor(cache.k[i][:, :end]), Tensor(cache.v[i][:, :end])
-            attend = flash_attention if c.attention == "flash" else causal_attention  # T14
-            a = attend(q, k, v).reshape(B, T, H * D)  # (B, T, H*D)
-            x = x + resid(linear(a, P[p + "self_attn.o_proj.weight"]), 2 * i)
+            a = L.attention(q, k, v).reshape(B, T, H * D)  # (B, T, H*D)
+            x = x + resid(L.linear(a, P[p + "self_attn.o_proj.weight"]), 2 * i)
             # MLP
-            h = ops.rmsnorm(x, P[p + "post_attention_layernorm.weight"], c.norm_eps)
-            g = swiglu(linear(h, P[p + "mlp.gate_proj.weight"]), linear(h, P[p + "mlp.up_proj.weight"]))
-            x = x + resid(linear(g, P[p + "mlp.down_proj.weight"]), 2 * i + 1)  # (B, T, dim)
+            h = L.rmsnorm(x, P[p + "post_attention_layernorm.weight"], c.norm_eps)
+            g = L.swiglu(L.linear(h, P[p + "mlp.gate_proj.weight"]), L.linear(h, P[p + "mlp.up_proj.weight"]))
+            x = x + resid(L.linear(g, P[p + "mlp.down_proj.weight"]), 2 * i + 1)  # (B, T, dim)
             return x
 
         recompute = c.recompute and cache is None  # T13: keep only the block inputs
         for i in range(c.n_layers):
             x = checkpoint(block, x, i) if recompute else block(x, i)
-        x = ops.rmsnorm(x, P["model.norm.weight"], c.norm_eps)
-        return linear(x, P["lm_head.weight"])  # (B, T, V)
+        x = L.rmsnorm(x, P["model.norm.weight"], c.norm_eps)
+        return L.linear(x, P["lm_head.weight"])  # (B, T, V)
