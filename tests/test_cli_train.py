@@ -122,6 +122,16 @@ def test_bench_train_runs(capsys):
     assert train_flops_per_token(c, 16) == 6 * n_matmul + 12 * c.n_layers * 16 * c.n_heads * c.head_dim
 
 
+def test_bench_rounds_and_bad_counts(capsys):
+    assert cli.main(["bench", "train", "--preset", "test", "--vocab-size", "64", "--batch-size", "2",
+                     "--seq-len", "8", "--steps", "2", "--rounds", "2", "--peak-n", "128",
+                     "--no-torch"]) == 0
+    assert "2 rounds x 2 timed steps" in capsys.readouterr().out
+    for bad in (["--steps", "0"], ["--rounds", "0"]):
+        assert cli.main(["bench", "train", "--preset", "test", "--vocab-size", "64", *bad]) == 2
+        assert "must be at least 1" in capsys.readouterr().out
+
+
 def test_bench_without_torch_is_graceful(capsys, monkeypatch):
     import sys
 

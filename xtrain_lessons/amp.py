@@ -74,7 +74,7 @@ POLICY = {
     "linear": ("bf16 x bf16, float32 accumulate", "bf16", "input (bf16), weight copy (bf16)"),
     "rope": ("float32", "bf16", "-"),
     "attention": ("scores, softmax in float32", "bf16", "probabilities P (bf16)"),
-    "swiglu": ("float32", "bf16", "sigmoid, silu (bf16)"),
+    "swiglu": ("float32", "bf16", "- (sigmoid recomputed in backward)"),
     "residual add": ("float32", "float32", "-"),
     "cross_entropy": ("float32 log-sum-exp and mean", "float32 loss", "exp(z - max) (bf16), sums (float32)"),
     "backward reductions": ("float32", "float32 weight grads", "-"),
@@ -237,19 +237,24 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return make_node(out, (q, k, v), backward, "attention_bf16")
 
 
+def _sigmoid_f32(gf):
+    return np.float32(0.5) * (np.tanh(gf * np.float32(0.5)) + np.float32(1.0))
+
+
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
-    """silu(gate) * up in float32; sigmoid and silu kept in bf16, output bf16."""
+    """silu(gate) * up in float32, output bf16. Like the float32 op it keeps nothing but
+    its inputs: the backward recomputes sigmoid and silu from `gate` and rounds them to bf16,
+    the same values a stored bf16 copy would hold."""
     gf, uf = to_f32(gate.data), to_f32(up.data)
-    sig = np.float32(0.5) * (np.tanh(gf * np.float32(0.5)) + np.float32(1.0))
-    silu = gf * sig
-    out = _round(silu * uf)
-    sig16, silu16 = _round(sig), _round(silu)
+    out = _round(gf * _sigmoid_f32(gf) * uf)
 
     def backward(g):
-        gf_, sg = to_f32(g), to_f32(sig16)
-        one = np.float32(1.0)
-        dgate = gf_ * to_f32(up.data) * sg * (one + to_f32(gate.data) * (one - sg))
-        return dgate, gf_ * to_f32(silu16)
+        af = to_f32(gate.data)
+        sig = _sigmoid_f32(af)
+        sg, silu = to_f32(_round(sig)), to_f32(_round(af * sig))
+        gf_, one = to_f32(g), np.float32(1.0)
+        dgate = gf_ * to_f32(up.data) * sg * (one + af * (one - sg))
+        return dgate, gf_ * silu
 
     return make_node(out, (gate, up), backward, "swiglu_bf16")
 

@@ -1,12 +1,13 @@
 """Benchmarks: training throughput of the engine against PyTorch eager, and MFU.
 
-    xtrain bench train [--preset tiny] [--batch-size 16] [--seq-len 128] [--steps 5]
+    xtrain bench train [--preset tiny] [--batch-size 16] [--seq-len 128] [--steps 3] [--rounds 2]
 
 Times full training steps (forward, backward, gradient clipping, AdamW) of the engine's
 model and of an equivalent PyTorch eager model (same config, same weights, same batch and
 sequence length, same thread count, attention composed from matmul + mask + softmax as in
-the engine) in one run, alternating one engine step and one torch step so that both see the
-same machine load. Reports the median tokens/s of both, the achieved FLOP/s of the engine
+the engine) in one run: `--rounds` rounds of a block of engine steps then a block of torch
+steps (`--steps` timed steps each, after one untimed step), so that both see the same
+machine load without one's idle worker threads slowing the other's step. Reports the median tokens/s of both, the achieved FLOP/s of the engine
 against the machine's measured float32 matmul peak (the best of a large ``np.matmul``
 before and after), i.e. the model FLOPs utilisation (MFU). Last line:
 
@@ -17,9 +18,9 @@ embedding, whose forward is a gather) + 12 × n_layers × T × n_heads × head_d
 and weighted sum, forward 2×, backward 4×, over the full T×T square the composed
 attention computes).
 
-Threads: ``--threads N`` sets both NumPy's OpenBLAS (at run time, see ``set_blas_threads``)
-and torch; default: the CPU count. On a shared machine 1 thread is often several times
-faster than 2 for both engines (OpenBLAS threads spin while waiting for each other).
+Threads: ``--threads N`` sets NumPy's OpenBLAS (at run time), the engine's row-block pool
+(both with ``rowwise.set_blas_threads``) and torch; default: the CPU count. On a shared
+machine 1 thread is often faster than 2 for both engines (idle BLAS threads spin).
 """
 
 from __future__ import annotations
@@ -39,9 +40,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="vocabulary (the default run's tokenizer size)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=5, help="timed steps (after 1 warm-up step)")
+    parser.add_argument("--steps", type=int, default=3,
+                        help="timed steps per engine and round (each block starts with 1 untimed step)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="rounds of (engine block, torch block); the median is over all timed steps")
     parser.add_argument("--threads", type=int, default=None,
-                        help="threads for both engines: NumPy's BLAS and torch (default: the CPU count)")
+                        help="threads for both engines: NumPy's BLAS and the engine's row blocks, and "
+                             "torch (default: the CPU count)")
     parser.add_argument("--no-torch", action="store_true", help="engine only")
     parser.add_argument("--peak-n", type=int, default=1536,
                         help="matrix size of the sgemm peak measurement")
@@ -49,55 +54,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 # ----- BLAS threads ----------------------------------------------------------------------
 
-def _openblas_libs():
-    """ctypes handles of the OpenBLAS libraries loaded in this process (Linux; else [])."""
-    import ctypes  # noqa: PLC0415
-    import re  # noqa: PLC0415
-
-    try:
-        maps = open("/proc/self/maps", encoding="utf-8").read()
-    except OSError:
-        return []
-    libs = []
-    for path in sorted(set(re.findall(r"(/\S*openblas\S*\.so\S*)", maps))):
-        try:
-            libs.append(ctypes.CDLL(path))
-        except OSError:
-            continue
-    return libs
-
-
-_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
-            "openblas_set_num_threads64_", "openblas_set_num_threads")
-_GETTERS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
-            "openblas_get_num_threads64_", "openblas_get_num_threads")
-
-
-def blas_threads() -> int | None:
-    """Threads NumPy's OpenBLAS uses (None if it cannot be asked)."""
-    for lib in _openblas_libs():
-        for name in _GETTERS:
-            fn = getattr(lib, name, None)
-            if fn is not None:
-                return int(fn())
-    return None
-
-
-def set_blas_threads(n: int) -> bool:
-    """Set NumPy's OpenBLAS thread count at run time (what threadpoolctl does). Returns
-    True if it worked. On a busy machine 1 thread can be several times faster than 2:
-    OpenBLAS threads spin while waiting for each other."""
-    import numpy as _np  # noqa: F401,PLC0415 - make sure the library is loaded
-
-    ok = False
-    for lib in _openblas_libs():
-        for name in _SETTERS:
-            fn = getattr(lib, name, None)
-            if fn is not None:
-                fn(int(n))
-                ok = True
-                break
-    return ok
+# NumPy's BLAS threads (and the engine's row-block pool) are set in xtrain_lessons.rowwise
+from .rowwise import blas_threads, set_blas_threads  # noqa: E402,F401
 
 
 # ----- measurements ----------------------------------------------------------------------
@@ -285,9 +243,13 @@ def run(args: argparse.Namespace) -> int:
     config = base.replace(vocab_size=args.vocab_size, max_seq_len=max(base.max_seq_len, args.seq_len))
     B, T = args.batch_size, args.seq_len
     tokens = B * T
-    batches = _batches(config.vocab_size, B, T, args.steps + 1)
+    if args.steps < 1 or args.rounds < 1:
+        print("xtrain bench: --steps and --rounds must be at least 1")
+        return 2
+    batches = _batches(config.vocab_size, B, T, args.rounds * (args.steps + 1))
     print(f"bench train: preset {args.preset} ({config.n_params() / 1e6:.2f}M params, vocab "
-          f"{config.vocab_size}), batch {B} x {T} = {tokens} tokens/step, {args.steps} timed steps, "
+          f"{config.vocab_size}), batch {B} x {T} = {tokens} tokens/step, {args.rounds} rounds x "
+          f"{args.steps} timed steps, "
           f"{os.cpu_count()} CPUs")
     threads = args.threads or os.cpu_count() or 1
     set_blas_threads(threads)
@@ -307,18 +269,26 @@ def run(args: argparse.Namespace) -> int:
                   "(pip install torch --index-url https://download.pytorch.org/whl/cpu)")
         else:
             torch_step, nthreads = torch_stepper(config, init, threads)
-    # Interleaved (engine step, torch step, ...): on a shared machine both see the same load.
-    # The first batch is a warm-up for both and is not timed.
+    # Blocks, not single steps: (engine: 1 untimed + `steps` timed, torch: the same) x rounds.
+    # One step of each in turn would charge each engine for the other's threads, which
+    # keep spinning on the cores for a while after a step (OpenBLAS's and OpenMP's
+    # workers wait for more work); rounds still spread slow changes of load over both.
     et, tt, eloss, tloss = [], [], None, None
-    for i, b in enumerate(batches):
-        le, se = engine(b)
-        lt, st = torch_step(b) if torch_step else (None, None)
-        if i == 0:
-            eloss, tloss = le, lt
-            continue
-        et.append(se)
+    for r in range(args.rounds):
+        block = batches[r * (args.steps + 1):(r + 1) * (args.steps + 1)]
+        for i, b in enumerate(block):
+            le, se = engine(b)
+            if r == 0 and i == 0:
+                eloss = le
+            if i:
+                et.append(se)
         if torch_step:
-            tt.append(st)
+            for i, b in enumerate(block):
+                lt, st = torch_step(b)
+                if r == 0 and i == 0:
+                    tloss = lt
+                if i:
+                    tt.append(st)
     peak = max(peak, sgemm_peak(args.peak_n))  # the best seen, before or after
     e_step = float(np.median(et))
     e_tps = tokens / e_step

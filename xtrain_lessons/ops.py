@@ -49,6 +49,7 @@ import operator
 
 import numpy as np
 
+from .rowwise import map_rows, sum_blocks
 from .autograd import Tensor, array_module, as_tensor, make_node
 
 __all__ = [
@@ -348,6 +349,8 @@ def _mm(x, y):
     if y.ndim == 2:  # (..., M, K) @ (K, N): one GEMM of (prod(...) * M, K) @ (K, N)
         return (x.reshape(-1, x.shape[-1]) @ y).reshape(x.shape[:-1] + (y.shape[-1],))
     if x.shape[:-2] == y.shape[:-2]:
+        if y.strides[-1] != y.itemsize:  # a transposed view on the right (k.swapaxes(-1, -2)):
+            y = np.ascontiguousarray(y)  # NumPy would loop without BLAS, ~3x slower than copying
         return x @ y
     batch = np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
     xb = np.broadcast_to(x, batch + x.shape[-2:])  # views: no copy
@@ -595,24 +598,53 @@ def rmsnorm(x, weight=None, eps=1e-6) -> Tensor:
         if weight.shape != (D,):
             raise ValueError(f"rmsnorm: weight shape {weight.shape} does not match the last "
                              f"dimension of x {x.shape}")
-    ms = (x.data * x.data).mean(axis=-1, keepdims=True)  # (..., 1)
-    r = 1.0 / xp.sqrt(ms + eps)  # (..., 1)
-    xhat = x.data * r  # (..., D)
-    out = xhat * weight.data if weight is not None else xhat
+    xd = x.data
+    dt = xd.dtype.type
+    x2 = xd.reshape(-1, D)  # (N, D)
+    N = x2.shape[0]
+    inv_d, eps_ = dt(1.0 / D), dt(eps)
+    w = weight.data if weight is not None else None
+    xhat, r = xp.empty_like(x2), xp.empty((N, 1), dtype=xd.dtype)
+    out = xp.empty_like(x2) if w is not None else xhat
+
+    def forward_rows(lo, hi):  # one cache-sized block of rows (xtrain_lessons.rowwise)
+        xb = x2[lo:hi]
+        ms = xp.einsum("ij,ij->i", xb, xb)  # sum of squares, no (rows, D) temporary
+        ms *= inv_d
+        ms += eps_
+        rb = r[lo:hi]
+        xp.divide(dt(1.0), xp.sqrt(ms, out=ms)[:, None], out=rb)
+        xp.multiply(xb, rb, out=xhat[lo:hi])
+        if w is not None:
+            xp.multiply(xhat[lo:hi], w, out=out[lo:hi])
+
+    map_rows(forward_rows, N, D * xd.itemsize, like=xd)
 
     def backward(g):
-        gw = None
-        if weight is not None and weight.requires_grad:
-            gw = (g * xhat).reshape(-1, D).sum(axis=0)  # (D,)
-        gx = None
-        if x.requires_grad:
-            gh = g * weight.data if weight is not None else g
-            gx = gh - xhat * (gh * xhat).mean(axis=-1, keepdims=True)
-            gx *= r
+        g2 = g.reshape(-1, D)
+        want_w = weight is not None and weight.requires_grad
+        gx = xp.empty_like(x2) if x.requires_grad else None
+
+        def backward_rows(lo, hi):
+            gb, xh = g2[lo:hi], xhat[lo:hi]
+            gw_part = xp.einsum("ij,ij->j", gb, xh) if want_w else None
+            if gx is not None:
+                gh = gb * w if w is not None else gb
+                dot = xp.einsum("ij,ij->i", gh, xh)  # (rows,)
+                dot *= inv_d
+                gxb = gx[lo:hi]
+                xp.multiply(xh, dot[:, None], out=gxb)
+                xp.subtract(gh, gxb, out=gxb)
+                gxb *= r[lo:hi]
+            return gw_part
+
+        partials = map_rows(backward_rows, N, D * xd.itemsize, like=xd)
+        gw = sum_blocks(partials) if want_w else None
+        gx = gx.reshape(x.shape) if gx is not None else None
         return (gx, gw) if weight is not None else (gx,)
 
     parents = (x, weight) if weight is not None else (x,)
-    return make_node(out, parents, backward, "rmsnorm")
+    return make_node(out.reshape(x.shape), parents, backward, "rmsnorm")
 
 
 def embedding(weight, ids) -> Tensor:

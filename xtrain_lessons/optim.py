@@ -318,15 +318,15 @@ def _params_list(params) -> list:
 
 def global_grad_norm(params) -> float:
     """‖(g₁, g₂, …)‖₂ over every parameter that has a gradient (accumulated in float64)."""
-    total = 0.0
+    total = None  # summed on the device, in parameter order: one host sync, not one per tensor
     for p in _params_list(params):
         if p.grad is None:
             continue
         g = p.grad
         xp = _xp(g)
         s = xp.sum(xp.square(g.astype(np.float64, copy=False)))
-        total += float(s)
-    return math.sqrt(total)
+        total = s if total is None else total + s
+    return 0.0 if total is None else math.sqrt(float(total))
 
 
 def clip_grad_norm(params, max_norm: float, eps: float = 1e-6) -> float:

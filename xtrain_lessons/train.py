@@ -111,7 +111,8 @@ class TrainConfig:
     time_limit: float | None = None  # seconds of wall time; stop (with a checkpoint) when
                                      # exceeded. None or 0: no limit. `xtrain train` without
                                      # --steps/--config uses DEFAULT_RUN_TIME_LIMIT
-    threads: int = 1                # NumPy BLAS threads (0: library default). On a shared
+    threads: int = 1                # CPU threads: NumPy BLAS and the engine's row blocks
+                                    # (rowwise.set_blas_threads; 0: library default). On a shared
                                     # 2-core machine 1 thread measured 4-8x faster than 2
     dtype: str = "float32"          # T12 compute dtype: "float32" or "bf16" (float32 master
                                     # weights and AdamW state either way; xtrain_lessons.amp)
