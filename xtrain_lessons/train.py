@@ -452,6 +452,9 @@ def _run(cfg: TrainConfig, run_dir: Path, resume, conf, stop_at, progress, log, 
 
     from .ddp import DDP, accumulate_gradients, agree_any, average_scalar, micro_batches, setup_from_env  # noqa: PLC0415
 
+    from .distributed import is_initialized as _group_exists  # noqa: PLC0415
+
+    group_existed = _group_exists()
     dp = setup_from_env()  # T17: (rank, world size) under `xtrain launch` / torchrun, else None
     dp_rank, dp_world = dp if dp else (0, 1)
     if dp_rank:  # only rank 0 logs, samples and checkpoints
@@ -735,5 +738,12 @@ def _run(cfg: TrainConfig, run_dir: Path, resume, conf, stop_at, progress, log, 
             + f"; {elapsed:.0f}s, {summary['tokens_per_s_this_session'] or 0:,.0f} tok/s; run dir {run_dir}")
         if final_sample:
             say(f"final sample: {final_sample!r}")
+    if dp is not None and not group_existed:
+        # leave the group together: a rank whose process exits while gloo's group is still
+        # alive (and a peer still talking) can abort in the C++ teardown
+        from .distributed import barrier, destroy  # noqa: PLC0415
+
+        barrier()
+        destroy()
     return TrainResult(run_dir=run_dir, step=step, status=status, model=model, optimizer=opt,
                        tokenizer=tok, summary=summary, losses=losses)
