@@ -273,22 +273,17 @@ def run(args: argparse.Namespace) -> int:
     # One step of each in turn would charge each engine for the other's threads, which
     # keep spinning on the cores for a while after a step (OpenBLAS's and OpenMP's
     # workers wait for more work); rounds still spread slow changes of load over both.
-    et, tt, eloss, tloss = [], [], None, None
+    steppers = {"engine": engine, "torch": torch_step} if torch_step else {"engine": engine}
+    times = {name: [] for name in steppers}
+    first_loss = {}
     for r in range(args.rounds):
         block = batches[r * (args.steps + 1):(r + 1) * (args.steps + 1)]
-        for i, b in enumerate(block):
-            le, se = engine(b)
-            if r == 0 and i == 0:
-                eloss = le
-            if i:
-                et.append(se)
-        if torch_step:
-            for i, b in enumerate(block):
-                lt, st = torch_step(b)
-                if r == 0 and i == 0:
-                    tloss = lt
-                if i:
-                    tt.append(st)
+        for name, step in steppers.items():
+            losses, secs = zip(*(step(b) for b in block))
+            first_loss.setdefault(name, losses[0])  # round 0, step 0: the initial weights
+            times[name] += secs[1:]  # the block's first step is not timed
+    et, tt = times["engine"], times.get("torch", [])
+    eloss, tloss = first_loss["engine"], first_loss.get("torch")
     peak = max(peak, sgemm_peak(args.peak_n))  # the best seen, before or after
     e_step = float(np.median(et))
     e_tps = tokens / e_step

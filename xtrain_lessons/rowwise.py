@@ -3,8 +3,8 @@
 
 NumPy evaluates `d = (1 - s) * a + 1` one whole-array pass at a time, each pass writing a
 temporary as large as the input. At training sizes (a few MiB per activation) every pass
-goes out to main memory and back, and only one core works: the swiglu backward, ten such
-passes over 4 MiB arrays, ran 3-4x slower than the same chain on 64-row blocks.
+goes out to main memory and back, and only one core works (T07 measures the SwiGLU
+backward, about ten such passes, whole-array against row blocks).
 `map_rows(fn, n_rows, row_bytes)` calls `fn(lo, hi)` on blocks of about BLOCK_BYTES per
 array (they stay in the core's L2 cache between passes) and hands the blocks to a small
 thread pool (NumPy releases the GIL inside its loops). That is what a fused GPU kernel does
@@ -25,7 +25,7 @@ Threads: `set_blas_threads(n)` sets both NumPy's OpenBLAS threads and this pool 
 train --threads`, `xtrain bench --threads`); default: the CPU count. `map_rows(..., blas=True)`
 is for blocks that call matmul: BLAS is switched to one thread while the blocks run, so the
 cores work on different blocks instead of splitting each small matmul (attention's
-128x128x48 products ran 2x faster that way on 2 cores). On CuPy arrays (`like=`),
+128x128x48 products, one per sequence and head). On CuPy arrays (`like=`),
 `fn(0, n_rows)` runs once: a GPU wants one big launch, not blocks.
 """
 
