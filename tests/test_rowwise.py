@@ -2,6 +2,7 @@
 ops built on them give the same bits with 1 thread, with 2, and without blocks."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -27,6 +28,16 @@ def test_blocks_cover_rows_exactly_and_depend_only_on_sizes():
     assert rowwise.blocks(5, 10 ** 9) == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]  # >= 1 row each
 
 
+def test_runs_are_the_grid_with_one_thread_and_one_run_of_grid_blocks_per_thread():
+    grid = rowwise.blocks(1000, 1024, block_bytes=8 * 1024)  # 125 blocks of 8 rows
+    assert rowwise.runs(1000, 1024, 8 * 1024, threads=1) == grid
+    two = rowwise.runs(1000, 1024, 8 * 1024, threads=2)
+    assert two == [(0, 496), (496, 1000)]  # cut on the grid: 62 and 63 blocks
+    assert all(lo % 8 == 0 for lo, _ in rowwise.runs(1000, 1024, 8 * 1024, threads=3))
+    assert rowwise.runs(3, 1024, 8 * 1024, threads=4) == [(0, 3)]  # never more runs than blocks
+    assert rowwise.grid(496, 1000, 1024, 8 * 1024) == grid[62:]  # a run's own grid blocks
+
+
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_map_rows_returns_results_in_row_order(threads, n):
     threads(n)
@@ -39,19 +50,41 @@ def test_map_rows_returns_results_in_row_order(threads, n):
         return (lo, hi)
 
     out = rowwise.map_rows(fn, 1000, 1024, block_bytes=8 * 1024)
-    assert out == rowwise.blocks(1000, 1024, block_bytes=8 * 1024)
+    assert out == rowwise.runs(1000, 1024, 8 * 1024, threads=n)
     if n > 1:
-        assert len(set(seen)) > 1  # the blocks really ran on more than one thread
+        assert len(out) == n and len(set(seen)) > 1  # one run per thread, on the pool too
 
 
 def test_sum_blocks_is_the_same_with_any_thread_count(threads):
+    """Partial sums on the fixed grid (rowwise.grid), added in row order: the same bits
+    with 1, 2 or 3 threads, though the runs differ."""
     x = np.random.default_rng(0).standard_normal((3000, 17)).astype(np.float32)
+
+    def partials(lo, hi):
+        return [x[a:b].sum(axis=0) for a, b in rowwise.grid(lo, hi, x[0].nbytes, 4096)]
+
     sums = []
     for n in (1, 2, 3):
         threads(n)
-        sums.append(rowwise.sum_blocks(rowwise.map_rows(lambda lo, hi: x[lo:hi].sum(axis=0), len(x),
-                                                        x[0].nbytes, block_bytes=4096)))
+        sums.append(rowwise.sum_blocks(rowwise.map_rows(partials, len(x), x[0].nbytes, block_bytes=4096)))
     assert all(np.array_equal(sums[0], s) for s in sums[1:])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("shape", [(300, 40, 70), (2048, 192, 512), (1, 64, 64)])
+def test_matmul_split_by_rows_is_bit_identical_to_one_call(threads, n, shape):
+    """rowwise.matmul gives np.matmul's bits: each row of the product is computed as in one
+    whole call, whatever the split (also for a transposed view on the left, `g.T @ x`)."""
+    M, K, N = shape
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((M, K)).astype(np.float32)
+    b = rng.standard_normal((K, N)).astype(np.float32)
+    g = rng.standard_normal((K, M)).astype(np.float32)
+    threads(n)
+    assert np.array_equal(rowwise.matmul(a, b), a @ b)
+    assert np.array_equal(rowwise.matmul(g.T, b), g.T @ b)  # g.T: a transposed view
+    out = np.empty((M, N), dtype=np.float32)
+    assert rowwise.matmul(a, b, out=out) is out
 
 
 def test_an_error_in_a_block_is_raised_after_the_other_threads_finish(threads):
@@ -60,14 +93,15 @@ def test_an_error_in_a_block_is_raised_after_the_other_threads_finish(threads):
 
     def fn(lo, hi):
         if lo == 0:
-            raise ValueError("block 0 failed")
-        done.append(lo)
+            raise ValueError("run 0 failed")
+        time.sleep(0.05)  # the worker is still busy when the caller's run fails
+        done.append((lo, hi))
 
-    with pytest.raises(ValueError, match="block 0 failed"):
+    with pytest.raises(ValueError, match="run 0 failed"):
         rowwise.map_rows(fn, 64, 1024, block_bytes=4096)
-    # the caller's group (blocks 0-7) stops at its error; the worker's group (8-15) finished
-    # before the raise, so no thread is still writing when the caller sees the exception
-    assert sorted(done) == list(range(32, 64, 4))
+    # the caller's run (rows 0-31) failed; the worker's run (32-63) finished before the
+    # raise, so no thread is still writing when the caller sees the exception
+    assert done == [(32, 64)]
 
 
 def test_nested_map_rows_runs_inline_in_workers(threads):
@@ -145,3 +179,38 @@ def test_blocked_ops_equal_unblocked_rows(threads):
     for u, v in ((y1, y2), (gx1, gx2), (s1, s2), (ga1, ga2), (gb1, gb2)):
         assert np.array_equal(u, v)
     np.testing.assert_allclose(gw1, gw2, rtol=1e-5, atol=1e-5)
+
+
+def test_adamw_over_the_threads_is_bit_identical_to_whole_array_updates(threads):
+    """AdamW lays every parameter end to end and updates spans of them on the threads: the
+    same bits as one whole-array update per parameter, with 1, 2 or 3 threads."""
+    from xtrain_lessons.optim import AdamW, _adamw_update
+
+    cfg = PRESETS["tiny"].replace(vocab_size=512, n_layers=1)
+    results = []
+    for n in (1, 2, 3):
+        threads(n)
+        m = Model(cfg, seed=3)
+        rng = np.random.default_rng(5)
+        for p in m.params.values():
+            p.grad = rng.standard_normal(p.data.shape).astype(np.float32)
+        opt = AdamW(m.named_parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+        opt.step()
+        opt.step()
+        results.append({k: p.data.copy() for k, p in m.params.items()})
+    for r in results[1:]:
+        assert all(np.array_equal(results[0][k], r[k]) for k in r)
+    # the reference: each parameter updated as one whole array (same hyperparameters)
+    m = Model(cfg, seed=3)
+    opt = AdamW(m.named_parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    rng = np.random.default_rng(5)
+    grads = {k: rng.standard_normal(p.data.shape).astype(np.float32) for k, p in m.params.items()}
+    for t in (1, 2):
+        for g in opt.groups:
+            b1, b2 = g["betas"]
+            for name, p in g["params"]:
+                st = opt.state.setdefault(name, {"exp_avg": np.zeros_like(p.data),
+                                                 "exp_avg_sq": np.zeros_like(p.data)})
+                _adamw_update(p.data, grads[name], st["exp_avg"], st["exp_avg_sq"], g["lr"], b1, b2,
+                              g["eps"], g["weight_decay"], 1.0 - b1 ** t, (1.0 - b2 ** t) ** 0.5)
+    assert all(np.array_equal(results[0][k], p.data) for k, p in m.params.items())

@@ -18,9 +18,9 @@ embedding, whose forward is a gather) + 12 × n_layers × T × n_heads × head_d
 and weighted sum, forward 2×, backward 4×, over the full T×T square the composed
 attention computes).
 
-Threads: ``--threads N`` sets NumPy's OpenBLAS (at run time), the engine's row-block pool
-(both with ``rowwise.set_blas_threads``) and torch; default: the CPU count. On a shared
-machine 1 thread is often faster than 2 for both engines (idle BLAS threads spin).
+Threads: ``--threads N`` sets the engine's threads (``rowwise.set_blas_threads``: its
+matmuls and row blocks are split over them, OpenBLAS single-threaded inside), NumPy's
+OpenBLAS for the sgemm peak, and torch's; default: the CPU count.
 """
 
 from __future__ import annotations

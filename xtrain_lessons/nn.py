@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from . import rowwise
 from .rowwise import map_rows
 from .autograd import Tensor, array_module, make_node
 
@@ -40,12 +41,13 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
         raise ValueError(f"linear: input has {n_in} features but weight is {w.shape} (out, in)")
     lead = x.shape[:-1]
     x2 = x.data.reshape(-1, n_in)  # (N, in)
-    y = (x2 @ w.data.T).reshape(*lead, w.shape[0])  # (..., out)
+    # split by rows over the engine's threads (plain `@` on a GPU)
+    y = rowwise.matmul(x2, w.data.T).reshape(*lead, w.shape[0])  # (..., out)
 
     def backward(g):
         g2 = g.reshape(-1, w.shape[0])  # (N, out)
-        gx = (g2 @ w.data).reshape(x.shape) if x.requires_grad else None  # (..., in)
-        gw = g2.T @ x2 if w.requires_grad else None  # (out, in)
+        gx = rowwise.matmul(g2, w.data).reshape(x.shape) if x.requires_grad else None  # (..., in)
+        gw = rowwise.matmul(g2.T, x2) if w.requires_grad else None  # (out, in)
         return gx, gw
 
     return make_node(y, (x, w), backward, "linear")
@@ -93,10 +95,18 @@ def _rotate(x, cos_t, sin_t):
     xp = array_module(x)
     B, T, H, D = x.shape
     h = D // 2
-    swapped = xp.ascontiguousarray(x.reshape(B, T, H, 2, h)[..., ::-1, :]).reshape(B, T, H * D)
-    swapped *= sin_t
-    out = x.reshape(B, T, H * D) * cos_t
-    out += swapped
+    x3 = x.reshape(B, T, H * D)
+    out = xp.empty(x3.shape, dtype=xp.result_type(x, cos_t))
+
+    def rows(lo, hi):  # sequences lo..hi-1 (rowwise.map_rows: spread over the threads)
+        n = hi - lo
+        swapped = xp.ascontiguousarray(x[lo:hi].reshape(n, T, H, 2, h)[..., ::-1, :]).reshape(n, T, H * D)
+        swapped *= sin_t
+        o = out[lo:hi]
+        xp.multiply(x3[lo:hi], cos_t, out=o)
+        o += swapped
+
+    map_rows(rows, B, T * H * D * out.itemsize, like=x)
     return out.reshape(B, T, H, D)
 
 

@@ -49,7 +49,8 @@ import operator
 
 import numpy as np
 
-from .rowwise import map_rows, sum_blocks
+from .rowwise import grid, map_rows, sum_blocks
+from .rowwise import matmul as _rows_matmul
 from .autograd import Tensor, array_module, as_tensor, make_node
 
 __all__ = [
@@ -347,7 +348,7 @@ def _mm(x, y):
     if array_module(x) is not np:
         return x @ y
     if y.ndim == 2:  # (..., M, K) @ (K, N): one GEMM of (prod(...) * M, K) @ (K, N)
-        return (x.reshape(-1, x.shape[-1]) @ y).reshape(x.shape[:-1] + (y.shape[-1],))
+        return _rows_matmul(x.reshape(-1, x.shape[-1]), y).reshape(x.shape[:-1] + (y.shape[-1],))
     if x.shape[:-2] == y.shape[:-2]:
         if y.strides[-1] != y.itemsize:  # a transposed view on the right (k.swapaxes(-1, -2)):
             y = np.ascontiguousarray(y)  # NumPy would loop without BLAS, ~3x slower than copying
@@ -394,7 +395,7 @@ def matmul(a, b) -> Tensor:
                 # weight shared over the batch: one GEMM (K, B*M) @ (B*M, N) -> (K, N)
                 # instead of a batch of small ones followed by a sum
                 K, N = b.shape
-                gb = a.data.reshape(-1, K).T @ g.reshape(-1, N)
+                gb = _rows_matmul(a.data.reshape(-1, K).T, g.reshape(-1, N))
             else:
                 gb = _mm(a.data.swapaxes(-1, -2), g)  # (..., K, N), unbroadcast by the engine
         return ga, gb
@@ -627,7 +628,9 @@ def rmsnorm(x, weight=None, eps=1e-6) -> Tensor:
 
         def backward_rows(lo, hi):
             gb, xh = g2[lo:hi], xhat[lo:hi]
-            gw_part = xp.einsum("ij,ij->j", gb, xh) if want_w else None
+            # dw's partial sums on the fixed grid (rowwise.grid): the same bits for any threads
+            gw_part = [xp.einsum("ij,ij->j", g2[a:b], xhat[a:b])
+                       for a, b in grid(lo, hi, D * xd.itemsize)] if want_w else None
             if gx is not None:
                 gh = gb * w if w is not None else gb
                 dot = xp.einsum("ij,ij->i", gh, xh)  # (rows,)
@@ -703,11 +706,22 @@ def cross_entropy(logits, targets, ignore_index=-100) -> Tensor:
     rows = xp.arange(x.shape[0])
     n_valid = valid.sum()
 
-    m = x.max(axis=1, keepdims=True)  # (N, 1), not differentiated
-    e = x - m  # (N, V)
-    xp.exp(e, out=e)  # exp(x - m), kept for backward (unnormalized: saves a pass)
-    s = e.sum(axis=1, keepdims=True)  # (N, 1)
-    lse = xp.log(s) + m  # (N, 1)
+    N = x.shape[0]
+    e = xp.empty(x.shape, dtype=x.dtype)  # exp(x - max), kept for backward (unnormalized)
+    s = xp.empty((N, 1), dtype=x.dtype)  # its row sums
+    lse = xp.empty((N, 1), dtype=x.dtype)
+
+    def forward_rows(lo, hi):  # row-local: rowwise.map_rows spreads the rows over the threads
+        xb = x[lo:hi]
+        m = xb.max(axis=1, keepdims=True)  # (rows, 1), not differentiated
+        eb = e[lo:hi]
+        xp.subtract(xb, m, out=eb)
+        xp.exp(eb, out=eb)
+        eb.sum(axis=1, keepdims=True, out=s[lo:hi])
+        xp.log(s[lo:hi], out=lse[lo:hi])
+        lse[lo:hi] += m
+
+    map_rows(forward_rows, N, V * x.itemsize, like=x)
     losses = lse[:, 0] - x[rows, t_safe]  # (N,)
     with np.errstate(invalid="ignore", divide="ignore"):
         loss = (losses * valid).sum() / n_valid.astype(x.dtype)
@@ -717,7 +731,10 @@ def cross_entropy(logits, targets, ignore_index=-100) -> Tensor:
         with np.errstate(invalid="ignore", divide="ignore"):
             scale = valid.astype(x.dtype) * (g / n_valid.astype(x.dtype)).astype(x.dtype)  # (N,)
         # softmax * scale = e * (scale / s), in one pass over (N, V)
-        gx = e * (scale / s[:, 0])[:, None]
+        f = (scale / s[:, 0])[:, None]
+        gx = xp.empty_like(e)
+        map_rows(lambda lo, hi: xp.multiply(e[lo:hi], f[lo:hi], out=gx[lo:hi]), N, V * x.itemsize,
+                 like=x)
         gx[rows, t_safe] -= scale
         return (gx.reshape(logits.shape),)
 

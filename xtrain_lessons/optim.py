@@ -35,6 +35,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
+from .rowwise import map_rows
+
 __all__ = [
     "AdamW",
     "SGD",
@@ -223,6 +225,7 @@ class AdamW(Optimizer):
         """One update of every parameter that has a gradient (others are skipped)."""
         if lr is not None:
             self.set_lr(lr)
+        updates = []  # (arrays, hyperparameters) of every parameter, run together below
         for g in self.groups:
             lr_, (b1, b2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
             for name, p in g["params"]:
@@ -240,19 +243,56 @@ class AdamW(Optimizer):
                     self.state[name] = st
                 st["step"] += 1
                 t = st["step"]
-                m, v = st["exp_avg"], st["exp_avg_sq"]
-                if wd != 0.0:
-                    theta *= 1.0 - lr_ * wd
-                # m ← m + (1−β1)(g − m): torch's lerp, written the same way
-                m += (1.0 - b1) * (grad - m)
-                v *= b2
-                v += (1.0 - b2) * (grad * grad)
                 bc1 = 1.0 - b1 ** t
                 bc2_sqrt = math.sqrt(1.0 - b2 ** t)
-                denom = xp.sqrt(v)
-                denom /= bc2_sqrt
-                denom += eps
-                theta += (-(lr_ / bc1)) * (m / denom)
+                updates.append(((theta, grad, st["exp_avg"], st["exp_avg_sq"]),
+                                (lr_, b1, b2, eps, wd, bc1, bc2_sqrt)))
+        _adamw_updates(updates)
+
+
+def _adamw_update(theta, grad, m, v, lr, b1, b2, eps, wd, bc1, bc2_sqrt):
+    """One AdamW update of one parameter (or a slice of it), in place."""
+    xp = _xp(theta)
+    if wd != 0.0:
+        theta *= 1.0 - lr * wd
+    # m ← m + (1−β1)(g − m): torch's lerp, written the same way
+    m += (1.0 - b1) * (grad - m)
+    v *= b2
+    v += (1.0 - b2) * (grad * grad)
+    denom = xp.sqrt(v)
+    denom /= bc2_sqrt
+    denom += eps
+    theta += (-(lr / bc1)) * (m / denom)
+
+
+def _adamw_updates(updates):
+    """Every parameter's update, spread over the engine's threads in ONE rowwise.map_rows:
+    the parameters, flattened, are laid end to end as one long row of numbers, and each
+    thread updates the pieces of its span. Elementwise, so the same bits on any split; one
+    hand-over to the pool per step instead of one per parameter."""
+    flat, spans, end = [], [], 0
+    for arrays, hyper in updates:
+        theta = arrays[0]
+        if isinstance(theta, np.ndarray) and all(a.flags.c_contiguous for a in arrays):
+            flat.append(([a.reshape(-1) for a in arrays], hyper))
+            spans.append((end, end + theta.size))
+            end += theta.size
+        else:  # CuPy, or a layout whose flat view would be a copy: one whole update
+            _adamw_update(*arrays, *hyper)
+    if not flat:
+        return
+    starts = np.array([lo for lo, _ in spans])
+
+    def run(lo, hi):
+        i = int(np.searchsorted(starts, lo, side="right")) - 1
+        while i < len(spans) and spans[i][0] < hi:
+            a, b = spans[i]
+            piece = slice(max(lo, a) - a, min(hi, b) - a)
+            arrays, hyper = flat[i]
+            _adamw_update(*(x[piece] for x in arrays), *hyper)
+            i += 1
+
+    map_rows(run, end, flat[0][0][0].itemsize)
 
 
 class SGD(Optimizer):

@@ -6,27 +6,38 @@ temporary as large as the input. At training sizes (a few MiB per activation) ev
 goes out to main memory and back, and only one core works (T07 measures the SwiGLU
 backward, about ten such passes, whole-array against row blocks).
 `map_rows(fn, n_rows, row_bytes)` calls `fn(lo, hi)` on blocks of about BLOCK_BYTES per
-array (they stay in the core's L2 cache between passes) and hands the blocks to a small
+array (they stay in the core's L2 cache between passes) and spreads the rows over a small
 thread pool (NumPy releases the GIL inside its loops). That is what a fused GPU kernel does
 for the same chain: one trip to memory, all the cores.
 
     out = np.empty_like(x)
-    def block(lo, hi):                       # rows lo..hi-1 of every array
+    def rows(lo, hi):                        # rows lo..hi-1 of every array
         np.multiply(x[lo:hi], w, out=out[lo:hi])
-        return x[lo:hi].sum(axis=0)          # optional: a partial sum over the block's rows
-    partials = map_rows(block, len(x), x[0].nbytes)
+        return [x[a:b].sum(axis=0) for a, b in grid(lo, hi, x[0].nbytes)]  # optional sums
+    colsum = sum_blocks(map_rows(rows, len(x), x[0].nbytes))
 
-Determinism: the blocks depend only on `n_rows` and `row_bytes`, never on the thread count,
-and `fn`'s return values come back in row order, so a sum over rows added up block by block
-(`sum_blocks`) is the same number with 1 or 8 threads. Row-local arithmetic is unchanged by
-blocking; only sums over rows round differently from one whole-array sum.
+Threads: with one thread `fn` runs once per cache-sized block. With n threads the blocks
+are cut into n contiguous runs, one per thread, and `fn` runs ONCE per run, on all of its
+rows: NumPy releases the GIL inside each call, but every call hands the GIL from thread to
+thread, and when calls are short (tens of µs on a 128 KiB block) the hand-overs, each a
+wake-up of a sleeping thread, cost more than the work (T07 measures it). Long calls on
+large runs keep both cores busy; the cache effect is the smaller gain.
+`set_blas_threads(n)` sets both NumPy's OpenBLAS threads and this pool (`xtrain train
+--threads`, `xtrain bench --threads`); default: the CPU count.
 
-Threads: `set_blas_threads(n)` sets both NumPy's OpenBLAS threads and this pool (`xtrain
-train --threads`, `xtrain bench --threads`); default: the CPU count. `map_rows(..., blas=True)`
-is for blocks that call matmul: BLAS is switched to one thread while the blocks run, so the
-cores work on different blocks instead of splitting each small matmul (attention's
-128x128x48 products, one per sequence and head). On CuPy arrays (`like=`),
-`fn(0, n_rows)` runs once: a GPU wants one big launch, not blocks.
+Determinism: the runs depend only on the sizes and the thread count, and row-local
+arithmetic is the same on any run of rows, so outputs are the same bits with any thread
+count. A sum over rows is not: `grid(lo, hi, row_bytes)` lists the fixed cache-sized blocks
+inside a run (the same blocks whatever the thread count), so a per-block partial sum, added
+up in row order by `sum_blocks`, is the same number with 1 or 8 threads.
+
+Matmuls: `matmul(a, b)` splits a 2-D product by rows of `a` over the same threads, with
+OpenBLAS single-threaded inside (`map_rows(..., blas=True)` does the same for any block).
+The engine never lets OpenBLAS run its own threads during a step: they spin on the cores
+for a while after each matmul waiting for more work (that is how OpenBLAS hides its
+wake-up cost) and the spinning thread takes the core the next NumPy call on the pool
+needed. One set of threads for everything, as torch has with OpenMP. On CuPy arrays
+(`like=`), `fn(0, n_rows)` runs once: a GPU wants one big launch, not blocks.
 """
 
 from __future__ import annotations
@@ -37,10 +48,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["BLOCK_BYTES", "map_rows", "sum_blocks", "set_threads", "get_threads", "blocks",
-           "blas_threads", "set_blas_threads"]
+__all__ = ["BLOCK_BYTES", "map_rows", "matmul", "sum_blocks", "set_threads", "get_threads",
+           "blocks", "grid", "runs", "blas_threads", "set_blas_threads"]
 
 BLOCK_BYTES = 128 * 1024  # per array and block: a few arrays of this fit in a 1-2 MiB L2
+MATMUL_SPLIT_FLOPS = 1 << 23  # below this a product is one call: splitting would cost more
 
 _threads = max(1, min(os.cpu_count() or 1, 8))
 _pool: ThreadPoolExecutor | None = None
@@ -138,57 +150,89 @@ def _mark_worker():
 
 
 def blocks(n_rows: int, row_bytes: int, block_bytes: int = BLOCK_BYTES) -> list[tuple[int, int]]:
-    """The (lo, hi) row ranges map_rows uses: equal blocks of about `block_bytes`."""
-    n_rows = int(n_rows)
-    if n_rows <= 0:
-        return []
+    """The fixed grid of (lo, hi) row blocks of about `block_bytes` (one thread's calls)."""
+    return grid(0, n_rows, row_bytes, block_bytes)
+
+
+def grid(lo: int, hi: int, row_bytes: int, block_bytes: int = BLOCK_BYTES) -> list[tuple[int, int]]:
+    """The grid blocks inside rows lo..hi-1, for a run that starts on the grid (as every
+    span map_rows passes to `fn` does): the same blocks whatever the thread count."""
+    lo, hi = int(lo), int(hi)
     per = max(1, int(block_bytes) // max(1, int(row_bytes)))
-    return [(lo, min(lo + per, n_rows)) for lo in range(0, n_rows, per)]
+    return [(a, min(a + per, hi)) for a in range(lo, hi, per)]
+
+
+def runs(n_rows: int, row_bytes: int, block_bytes: int = BLOCK_BYTES,
+         threads: int | None = None) -> list[tuple[int, int]]:
+    """The spans map_rows calls `fn` on: the grid blocks with one thread; with n threads,
+    n contiguous runs of grid blocks, one per thread."""
+    spans = blocks(n_rows, row_bytes, block_bytes)
+    n = min(threads or _threads, len(spans))
+    if n <= 1:
+        return spans
+    cuts = [i * len(spans) // n for i in range(n + 1)]
+    return [(spans[cuts[i]][0], spans[cuts[i + 1] - 1][1]) for i in range(n)]
 
 
 def map_rows(fn, n_rows: int, row_bytes: int, *, like=None, blas: bool = False,
              block_bytes: int = BLOCK_BYTES) -> list:
-    """[fn(lo, hi) for each block] in row order, blocks spread over the thread pool.
+    """[fn(lo, hi) for each span of `runs(...)`] in row order, one span per thread.
 
-    `fn` must only touch rows lo..hi-1 of the arrays it writes (blocks run concurrently).
+    `fn` must only touch rows lo..hi-1 of the arrays it writes (spans run concurrently).
     `like`: an array of the op; when it is not a NumPy array (CuPy), `[fn(0, n_rows)]`.
-    `blas=True`: the blocks call matmul; OpenBLAS runs single-threaded meanwhile.
-    An exception raised in a block is raised here once every thread has stopped (a thread's
-    remaining blocks are skipped after its error), so nothing is still writing.
+    `blas=True`: the spans call matmul; OpenBLAS runs single-threaded meanwhile.
+    An exception raised in a span is raised here once every thread has stopped, so nothing
+    is still writing.
     """
     if like is not None and not isinstance(like, np.ndarray):
         return [fn(0, n_rows)]
-    spans = blocks(n_rows, row_bytes, block_bytes)
-    if len(spans) <= 1 or _threads == 1 or getattr(_local, "worker", False):
+    if getattr(_local, "worker", False):  # nested: already on one of the threads
+        return [fn(lo, hi) for lo, hi in blocks(n_rows, row_bytes, block_bytes)]
+    spans = runs(n_rows, row_bytes, block_bytes)
+    if len(spans) <= 1 or _threads == 1:
         return [fn(lo, hi) for lo, hi in spans]
-    # contiguous groups of blocks, one per thread; the caller runs the first group
-    n = min(_threads, len(spans))
-    groups = [spans[i * len(spans) // n:(i + 1) * len(spans) // n] for i in range(n)]
-
-    def run(group):
-        return [fn(lo, hi) for lo, hi in group]
-
     before = blas_threads() if blas else None
     if before and before > 1:
         _set_blas_only(1)
     try:
-        return _run_groups(run, groups)
+        return _run_spans(fn, spans)
     finally:
         if before and before > 1:
             _set_blas_only(before)
 
 
-def _run_groups(run, groups):
+def matmul(a, b, out=None):
+    """a @ b for 2-D arrays, split by rows of `a` over the engine's threads (OpenBLAS
+    single-threaded inside). Each row of the product is computed as in one whole call, so
+    the bits do not depend on the split. `a` may be a transposed view (`g.T @ x`)."""
+    if not isinstance(a, np.ndarray) or a.ndim != 2 or b.ndim != 2:
+        return a @ b if out is None else np.matmul(a, b, out=out)
+    M, K = a.shape
+    N = b.shape[1]
+    if out is None:
+        out = np.empty((M, N), dtype=np.result_type(a, b))
+    if _threads == 1 or 2 * M * K * N < MATMUL_SPLIT_FLOPS or M < 2 * _threads:
+        return np.matmul(a, b, out=out)
+
+    def rows(lo, hi):
+        np.matmul(a[lo:hi], b, out=out[lo:hi])
+
+    map_rows(rows, M, 1, blas=True, block_bytes=max(1, -(-M // _threads)))
+    return out
+
+
+def _run_spans(fn, spans):
+    """fn on every span, the first on the calling thread, the others on the pool."""
     pool = _get_pool()
-    futures = [pool.submit(run, g) for g in groups[1:]]
+    futures = [pool.submit(fn, lo, hi) for lo, hi in spans[1:]]
     results, error = [], None
     try:
-        results.extend(run(groups[0]))
+        results.append(fn(*spans[0]))
     except BaseException as e:  # noqa: BLE001 - re-raised below, after the workers finish
         error = e
     for f in futures:
         try:
-            results.extend(f.result())
+            results.append(f.result())
         except BaseException as e:  # noqa: BLE001
             error = error or e
     if error is not None:
@@ -197,8 +241,9 @@ def _run_groups(run, groups):
 
 
 def sum_blocks(partials):
-    """Sum per-block partial results in order (a fixed order: deterministic)."""
-    it = iter(partials)
+    """Sum per-block partial results in order (a fixed order: deterministic). An item may be
+    a list of partials (one span's grid blocks, as `fn` returns them): it is unpacked."""
+    it = (p for item in partials for p in (item if isinstance(item, list) else [item]))
     total = next(it).copy()
     for p in it:
         total += p
