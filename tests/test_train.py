@@ -205,3 +205,72 @@ def test_time_limit_and_existing_run_dir(corpus, tmp_path):
     assert r.step == 3
     with pytest.raises(ValueError, match="--resume"):  # never silently mixes two runs
         train(cfg.replace(out=str(tmp_path / "u")), progress=False, log=lambda s: None)
+
+
+# ----- T07: host synchronisations only at logging points (TrainConfig.log_every) -----------
+
+def _metrics(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_log_every_reads_at_logging_points_with_the_same_bits_and_metrics(corpus, tmp_path):
+    """log_every=5: loss and gradient norm stay on the device, clipping and the finite check
+    run there, the values are read every 5 steps (and at eval / sample / checkpoint / the
+    end). The weights, and every metric but the timings, equal the step-by-step run's."""
+    kw = dict(steps=13, eval_every=6, sample_every=0, checkpoint_every=0, grad_clip=0.05)
+    a = train(tiny_cfg(corpus, tmp_path / "a", log_every=1, **kw), progress=False, log=lambda s: None)
+    b = train(tiny_cfg(corpus, tmp_path / "b", log_every=5, **kw), progress=False, log=lambda s: None)
+    assert a.status == b.status == "done" and a.step == b.step == 13
+    pa, pb = params_of(a.model), params_of(b.model)
+    assert all(np.array_equal(pa[k], pb[k]) for k in pa)
+    drop = ("tokens_per_s", "elapsed_s")
+    ma = [{k: v for k, v in m.items() if k not in drop} for m in _metrics(tmp_path / "a")]
+    mb = [{k: v for k, v in m.items() if k not in drop} for m in _metrics(tmp_path / "b")]
+    assert ma == mb and [m["step"] for m in mb] == list(range(1, 14))
+    assert any(m["grad_norm"] > 0.05 for m in mb)  # clipping did happen (on the device)
+    assert [m["step"] for m in mb if "val_loss" in m] == [6, 12, 13]
+
+
+def test_log_every_nan_skips_the_update_on_the_device_and_stops_at_the_logging_point(
+        corpus, tmp_path, monkeypatch):
+    """A NaN at step 7 with log_every=5: its update and the later ones are skipped on the
+    device, the run stops when the values are read (step 10), and the model holds the
+    weights of step 6, as the step-by-step run (which stops before the update) does."""
+    from xtrain_lessons.autograd import Tensor
+    from xtrain_lessons.model import Model
+
+    real = Model.loss
+
+    def run(out, log_every):
+        calls = {"n": 0}
+
+        def poisoned(self, x, y, *a, **k):
+            out = real(self, x, y, *a, **k)
+            calls["n"] += 1
+            if calls["n"] == 7:
+                return Tensor(np.array(np.nan, dtype=np.float32), requires_grad=True)
+            return out
+
+        monkeypatch.setattr(Model, "loss", poisoned)
+        lines = []
+        r = train(tiny_cfg(corpus, out, log_every=log_every, eval_every=0, sample_every=0,
+                           checkpoint_every=0), progress=False, log=lines.append)
+        return r, lines, calls["n"]
+
+    step_by_step, _, n1 = run(tmp_path / "s", 1)
+    deferred, lines, n5 = run(tmp_path / "d", 5)
+    assert (n1, n5) == (7, 10)  # the deferred run went on to the logging point at step 10
+    assert step_by_step.status == deferred.status == "diverged"
+    assert deferred.step == step_by_step.step == 6
+    msg = deferred.summary["message"]
+    assert "nan" in msg.lower() and "skipped on the device" in msg and "step 6" in msg
+    assert any("TRAINING STOPPED" in s for s in lines)
+    a, b = params_of(step_by_step.model), params_of(deferred.model)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert [m["step"] for m in _metrics(tmp_path / "d")] == [1, 2, 3, 4, 5, 6]
+    assert not (tmp_path / "d" / "checkpoints" / "latest").exists()  # nothing saved
+
+
+def test_log_every_rejects_negative(corpus, tmp_path):
+    with pytest.raises(ValueError, match="log_every"):
+        tiny_cfg(corpus, tmp_path / "x", log_every=-1).validate()

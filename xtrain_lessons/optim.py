@@ -221,8 +221,12 @@ class AdamW(Optimizer):
                                       eps=float(eps), weight_decay=float(weight_decay)),
                          decay_filter)
 
-    def step(self, lr: float | None = None) -> None:
-        """One update of every parameter that has a gradient (others are skipped)."""
+    def step(self, lr: float | None = None, where=None) -> None:
+        """One update of every parameter that has a gradient (others are skipped).
+
+        ``where``: a 0-d boolean array on the device; the update is applied only if it is
+        True (a skip decided on the device, e.g. "the loss and the gradient norm are
+        finite", without a host synchronisation). The step count advances either way."""
         if lr is not None:
             self.set_lr(lr)
         updates = []  # (arrays, hyperparameters) of every parameter, run together below
@@ -246,13 +250,21 @@ class AdamW(Optimizer):
                 bc1 = 1.0 - b1 ** t
                 bc2_sqrt = math.sqrt(1.0 - b2 ** t)
                 updates.append(((theta, grad, st["exp_avg"], st["exp_avg_sq"]),
-                                (lr_, b1, b2, eps, wd, bc1, bc2_sqrt)))
+                                (lr_, b1, b2, eps, wd, bc1, bc2_sqrt, where)))
         _adamw_updates(updates)
 
 
-def _adamw_update(theta, grad, m, v, lr, b1, b2, eps, wd, bc1, bc2_sqrt):
-    """One AdamW update of one parameter (or a slice of it), in place."""
+def _adamw_update(theta, grad, m, v, lr, b1, b2, eps, wd, bc1, bc2_sqrt, where=None):
+    """One AdamW update of one parameter (or a slice of it), in place. With `where` (a 0-d
+    boolean array) the new values are computed aside and copied in only where it is True:
+    the same arithmetic, so the same bits as the in-place update when it is applied."""
     xp = _xp(theta)
+    if where is not None:
+        theta_new, m_new, v_new = theta.copy(), m.copy(), v.copy()
+        _adamw_update(theta_new, grad, m_new, v_new, lr, b1, b2, eps, wd, bc1, bc2_sqrt)
+        for dst, src in ((theta, theta_new), (m, m_new), (v, v_new)):
+            xp.copyto(dst, src, where=where)
+        return
     if wd != 0.0:
         theta *= 1.0 - lr * wd
     # m ← m + (1−β1)(g − m): torch's lerp, written the same way
@@ -356,9 +368,12 @@ def _params_list(params) -> list:
     return [p[1] if isinstance(p, tuple) else p for p in params]
 
 
-def global_grad_norm(params) -> float:
-    """‖(g₁, g₂, …)‖₂ over every parameter that has a gradient (accumulated in float64)."""
-    total = None  # summed on the device, in parameter order: one host sync, not one per tensor
+def global_grad_norm(params, sync: bool = True):
+    """‖(g₁, g₂, …)‖₂ over every parameter that has a gradient (accumulated in float64).
+
+    A Python float (one host synchronisation), or with ``sync=False`` a 0-d float64 array
+    left on the device (the same number)."""
+    total, xp = None, np  # summed on the device, in parameter order
     for p in _params_list(params):
         if p.grad is None:
             continue
@@ -366,18 +381,31 @@ def global_grad_norm(params) -> float:
         xp = _xp(g)
         s = xp.sum(xp.square(g.astype(np.float64, copy=False)))
         total = s if total is None else total + s
-    return 0.0 if total is None else math.sqrt(float(total))
+    if total is None:
+        return 0.0 if sync else xp.zeros((), dtype=np.float64)
+    return math.sqrt(float(total)) if sync else xp.sqrt(total)
 
 
-def clip_grad_norm(params, max_norm: float, eps: float = 1e-6) -> float:
+def clip_grad_norm(params, max_norm: float, eps: float = 1e-6, sync: bool = True):
     """Scale all gradients in place so their global L2 norm is at most ``max_norm``.
 
     Returns the norm *before* clipping (``inf``/``nan`` if a gradient is not finite, in
     which case nothing is scaled — the caller should skip the step). Parameters without a
     gradient are skipped. Same rule as ``torch.nn.utils.clip_grad_norm_``: the scale is
     ``max_norm / (norm + 1e-6)``, applied only when it is below 1.
+    ``sync=False``: no host synchronisation; the norm is returned as a 0-d array on the
+    device and every gradient is multiplied by the coefficient, 1 when not clipping or when
+    the norm is not finite (x · 1 = x: the same bits as the host path).
     """
     plist = [p for p in _params_list(params) if p.grad is not None]
+    if not sync:  # the same rule as a device computation: scale by 1 when not clipping
+        norm = global_grad_norm(plist, sync=False)
+        xp = _xp(norm)
+        coef = float(max_norm) / (norm + eps)
+        coef = xp.where(xp.isfinite(norm) & (coef < 1.0), coef, 1.0)
+        for p in plist:
+            p.grad *= coef.astype(p.grad.dtype)
+        return norm
     norm = global_grad_norm(plist)
     if not math.isfinite(norm):
         return norm

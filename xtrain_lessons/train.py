@@ -31,6 +31,11 @@ bit-for-bit the parameters of ``N steps straight`` on the same machine.
 
 Failure handling. A NaN/inf loss or gradient norm stops the run before the bad update is
 applied, with a message; nothing is saved, so the last good checkpoint stays ``latest``.
+With ``log_every`` N > 1 (the default on a GPU) the step has no host synchronisation: loss
+and gradient norm stay on the device, clipping and the finite check run there, and a bad
+step's update (and every later one) is skipped on the device; the values are read every N
+steps (and before evaluating, sampling or saving), where the run stops the same way, with
+the weights of the last good step. On the CPU reading a value is free, so N = 1 there.
 Ctrl-C finishes the step in progress, saves a checkpoint and returns cleanly (a second
 Ctrl-C aborts at once).
 
@@ -62,6 +67,7 @@ from typing import Any
 import numpy as np
 
 from .checkpoint import load_checkpoint, save_checkpoint
+from .autograd import array_module
 from .optim import AdamW, clip_grad_norm, global_grad_norm
 from .schedule import lr_at
 
@@ -101,6 +107,12 @@ class TrainConfig:
     out: str | None = None          # run directory; default runs/<timestamp>
     eval_every: int = 100
     eval_batches: int = 8
+    log_every: int = 0              # T07: steps between host synchronisations. 1: the loss is read
+                                    # every step and a NaN stops the run before its update; N > 1:
+                                    # loss and gradient norm stay on the device, a non-finite step
+                                    # skips its update (and every later one) on the device, and the
+                                    # values are read (metrics, bar, the NaN check) every N steps.
+                                    # 0: 1 on the CPU (reading is free), 10 on a GPU
     sample_every: int = 100
     sample_prompt: str = "Once upon a time"
     sample_tokens: int = 64
@@ -111,9 +123,10 @@ class TrainConfig:
     time_limit: float | None = None  # seconds of wall time; stop (with a checkpoint) when
                                      # exceeded. None or 0: no limit. `xtrain train` without
                                      # --steps/--config uses DEFAULT_RUN_TIME_LIMIT
-    threads: int = 1                # CPU threads: NumPy BLAS and the engine's row blocks
-                                    # (rowwise.set_blas_threads; 0: library default). On a shared
-                                    # 2-core machine 1 thread measured 4-8x faster than 2
+    threads: int = 1                # CPU threads of the engine: its matmuls and row blocks
+                                    # (rowwise.set_blas_threads; 0: as they are). The same bits
+                                    # with any count; 2 threads measured ~1.1x faster than 1 on the
+                                    # 2-core CI machine, and a busy machine can make them slower
     dtype: str = "float32"          # T12 compute dtype: "float32" or "bf16" (float32 master
                                     # weights and AdamW state either way; xtrain_lessons.amp)
 
@@ -153,10 +166,11 @@ class TrainConfig:
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"TrainConfig: {name} must be a positive integer, got {v!r}")
         for name in ("warmup", "eval_every", "sample_every", "checkpoint_every", "keep_checkpoints",
-                     "threads"):
+                     "threads", "log_every"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
-                raise ValueError(f"TrainConfig: {name} must be an integer >= 0 (0 = never), got {v!r}")
+                zero = {"threads": "as they are", "log_every": "1 on the CPU, 10 on a GPU"}.get(name, "never")
+                raise ValueError(f"TrainConfig: {name} must be an integer >= 0 (0 = {zero}), got {v!r}")
         if not (self.max_lr >= 0 and self.min_lr >= 0):
             raise ValueError("TrainConfig: learning rates must be >= 0")
         if not 0.0 < self.val_fraction < 1.0:
@@ -434,6 +448,29 @@ def train(cfg: TrainConfig | None = None, *, resume: str | os.PathLike | None = 
     return _run(cfg, run_dir, resume, conf if resume is not None else None, stop_at, progress, log, t_start)
 
 
+def _read_pending(pending):
+    """Read the losses and gradient norms of the pending steps in ONE host synchronisation.
+
+    Returns (good, bad): the steps up to the first non-finite one, with Python floats, and
+    that step (None if every value is finite)."""
+    if not pending:
+        return [], None
+    from .device import to_host  # noqa: PLC0415
+
+    values = [v for p in pending for v in p[2:4]]
+    if any(not isinstance(v, (int, float)) for v in values):
+        xp = next(array_module(v) for v in values if not isinstance(v, (int, float)))
+        values = to_host(xp.stack([xp.asarray(v, dtype=np.float64) for v in values])).tolist()
+    good = []
+    for i, p in enumerate(pending):
+        loss, norm = values[2 * i], values[2 * i + 1]
+        row = (p[0], p[1], loss, norm, p[4], p[5])
+        if not (math.isfinite(loss) and math.isfinite(norm)):
+            return good, row
+        good.append(row)
+    return good, None
+
+
 def _run(cfg: TrainConfig, run_dir: Path, resume, conf, stop_at, progress, log, t_start) -> TrainResult:
     from tqdm.auto import tqdm  # noqa: PLC0415
 
@@ -589,9 +626,45 @@ def _run(cfg: TrainConfig, run_dir: Path, resume, conf, stop_at, progress, log, 
     ema_tps = None
     train_time = 0.0
     last_ckpt = None
+    # T07: host synchronisations only at logging points (see TrainConfig.log_every)
+    log_every = cfg.log_every or (10 if device == "cuda" else 1)
+    deferred = log_every > 1
+    healthy = True  # on the device once a deferred step ran: every step so far was finite
+    pending = []  # (step, lr, loss, grad norm, seconds, elapsed) not yet read on the host
     bar = tqdm(total=cfg.steps, initial=step, disable=not progress, dynamic_ncols=True,
                desc="train", unit="step", file=sys.stderr)
     mf = open(metrics_path, "a", encoding="utf-8")
+
+    def read_pending() -> list[dict]:
+        """The metric records of the pending steps, read in one host synchronisation; raises
+        TrainingDiverged (after writing the good ones) if one of them was not finite."""
+        nonlocal ema_tps, first_loss, last_loss, step
+        good, bad = _read_pending(pending)
+        pending.clear()
+        recs = []
+        for rec_step, rec_lr, loss_val, gnorm, dt, elapsed in good:
+            tps = tokens_per_step / dt
+            ema_tps = tps if ema_tps is None else 0.9 * ema_tps + 0.1 * tps
+            first_loss = loss_val if first_loss is None else first_loss
+            last_loss = loss_val
+            losses.append(loss_val)
+            recs.append({"step": rec_step, "train_loss": round(loss_val, 6), "lr": rec_lr,
+                         "grad_norm": round(gnorm, 6), "tokens_per_s": round(tps, 1),
+                         "tokens": rec_step * tokens_per_step, "elapsed_s": round(elapsed, 3)})
+        if good:
+            bar.update(len(good))
+            bar.set_postfix_str(f"loss {last_loss:.3f} lr {good[-1][1]:.2e} {ema_tps:,.0f} tok/s")
+        if bad is not None:
+            step = bad[0] - 1  # the steps from the bad one on were skipped on the device
+            mf.write("".join(json.dumps(r) + "\n" for r in recs))
+            what, value = ("loss", bad[2]) if not math.isfinite(bad[2]) else ("gradient norm", bad[3])
+            raise TrainingDiverged(
+                f"{what} is {value} at step {step} (lr {bad[1]:.3g}): its update and every later "
+                f"one were skipped on the device (read at the logging point, log_every "
+                f"{log_every}); the model holds the weights of step {step} and the last good "
+                f"checkpoint is left as it was; lower --max-lr or --grad-clip and resume.")
+        return recs
+
     try:
         with _SigintDefer() as sigint:
             while step < end:
@@ -618,8 +691,8 @@ def _run(cfg: TrainConfig, run_dir: Path, resume, conf, stop_at, progress, log, 
                             model, micro_batches(x, y, cfg.accum_steps, dp_rank, dp_world), ddp))
                     else:
                         loss = model.loss(x, y)
-                        loss_val = float(loss.item())
-                    if not math.isfinite(loss_val):
+                        loss_val = loss.data if deferred else float(loss.item())  # .item(): a sync
+                    if not deferred and not math.isfinite(loss_val):
                         raise TrainingDiverged(
                             f"loss is {loss_val} at step {step} (lr {lr:.3g}); stopping before the "
                             f"update. The last good checkpoint is left as it was; lower --max-lr "
@@ -629,15 +702,18 @@ def _run(cfg: TrainConfig, run_dir: Path, resume, conf, stop_at, progress, log, 
                         loss.backward()
                         del loss
                     if cfg.grad_clip > 0:
-                        gnorm = clip_grad_norm(params, cfg.grad_clip)
+                        gnorm = clip_grad_norm(params, cfg.grad_clip, sync=not deferred)
                     else:
-                        gnorm = global_grad_norm(params)
-                    if not math.isfinite(gnorm):
+                        gnorm = global_grad_norm(params, sync=not deferred)
+                    if deferred:  # T07: checked on the device, read at the logging point
+                        xp = array_module(gnorm)
+                        healthy = healthy & xp.isfinite(loss_val) & xp.isfinite(gnorm)
+                    elif not math.isfinite(gnorm):
                         raise TrainingDiverged(
                             f"gradient norm is {gnorm} at step {step} (loss {loss_val:.4f}); "
                             f"stopping before the update; the last good checkpoint is intact.")
                     in_update = True
-                    opt.step(lr)
+                    opt.step(lr, where=healthy if deferred else None)  # skipped once a value is bad
                     in_update = False
                     model.zero_grad()
                 except KeyboardInterrupt:
@@ -652,32 +728,29 @@ def _run(cfg: TrainConfig, run_dir: Path, resume, conf, stop_at, progress, log, 
                 dt = time.perf_counter() - t0
                 train_time += dt
                 step += 1
-                tps = tokens_per_step / dt
-                ema_tps = tps if ema_tps is None else 0.9 * ema_tps + 0.1 * tps
-                if first_loss is None:
-                    first_loss = loss_val
-                last_loss = loss_val
-                losses.append(loss_val)
-                rec = {"step": step, "train_loss": round(loss_val, 6), "lr": lr,
-                       "grad_norm": round(gnorm, 6), "tokens_per_s": round(tps, 1),
-                       "tokens": step * tokens_per_step,
-                       "elapsed_s": round(time.perf_counter() - t_start, 3)}
-                if eval_every and (step % eval_every == 0 or step == cfg.steps):
+                pending.append((step, lr, loss_val, gnorm, dt, time.perf_counter() - t_start))
+                at_eval = bool(eval_every) and (step % eval_every == 0 or step == cfg.steps)
+                at_sample = bool(cfg.sample_every) and (step % cfg.sample_every == 0 or step == cfg.steps)
+                at_ckpt = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
+                if step % log_every and step < end and not (at_eval or at_sample or at_ckpt):
+                    continue  # values stay on the device until the logging point
+                recs = read_pending()  # the logging point: one host synchronisation
+                if at_eval:  # recs[-1] is this step's record
                     last_val = evaluate(model, val_ds, cfg.batch_size, cfg.seq_len, cfg.eval_batches,
                                         eval_seed)
-                    rec["val_loss"] = round(last_val, 6)
-                    rec["val_ppl"] = round(math.exp(min(last_val, 50.0)), 3)
-                    say(f"step {step:>6}: train loss {loss_val:.4f}  val loss {last_val:.4f}  "
-                        f"val ppl {rec['val_ppl']:.2f}  lr {lr:.2e}  {ema_tps:,.0f} tok/s")
-                mf.write(json.dumps(rec) + "\n")
+                    recs[-1]["val_loss"] = round(last_val, 6)
+                    recs[-1]["val_ppl"] = round(math.exp(min(last_val, 50.0)), 3)
+                    say(f"step {step:>6}: train loss {last_loss:.4f}  val loss {last_val:.4f}  "
+                        f"val ppl {recs[-1]['val_ppl']:.2f}  lr {lr:.2e}  {ema_tps:,.0f} tok/s")
+                mf.write("".join(json.dumps(r) + "\n" for r in recs))
                 mf.flush()
-                bar.update(1)
-                bar.set_postfix_str(f"loss {loss_val:.3f} lr {lr:.2e} {ema_tps:,.0f} tok/s")
-                if cfg.sample_every and (step % cfg.sample_every == 0 or step == cfg.steps):
+                if at_sample:
                     say(f"sample @ {step}: {sample(step)!r}")
-                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                if at_ckpt:
                     checkpoint(step, rng)
                     last_ckpt = step
+            if pending:  # stopped between logging points: read (and check) them before saving
+                mf.write("".join(json.dumps(r) + "\n" for r in read_pending()))
     except TrainingDiverged as e:
         status = "diverged"
         message = str(e)

@@ -46,6 +46,9 @@ _FLAGS = [
     ("--grad-clip", "grad_clip", float, "global gradient-norm clip (0: off)"),
     ("--eval-every", "eval_every", int, "validation every N steps (0: never)"),
     ("--eval-batches", "eval_batches", int, "batches per validation"),
+    ("--log-every", "log_every", int, "T07: steps between host synchronisations (loss, grad norm, NaN "
+     "check read every N steps; a bad step's update is skipped on the device). 0: 1 on the CPU, "
+     "10 on a GPU"),
     ("--sample-every", "sample_every", int, "print a sample every N steps (0: never)"),
     ("--sample-prompt", "sample_prompt", str, "prompt of the periodic samples"),
     ("--sample-tokens", "sample_tokens", int, "tokens per sample"),
