@@ -92,3 +92,33 @@ def test_fused_adamw_refuses_what_it_cannot_do():
     m64 = Model(PRESETS["test"], seed=0, dtype=np.float64)
     with pytest.raises(ValueError, match="float32"):
         FusedAdamW(m64.named_parameters())
+
+
+def test_fused_step_where_false_keeps_everything_and_true_is_a_plain_step():
+    """FusedAdamW.step(where=...) (the device-side skip of `xtrain train --log-every N`)."""
+    ma, oa = train(FusedAdamW, steps=1)
+    mb, ob = train(FusedAdamW, steps=1)
+    rng = np.random.default_rng(7)
+    for pa, pb in zip(ma.parameters(), mb.parameters()):
+        pa.grad = rng.standard_normal(pa.data.shape).astype(np.float32)
+        pb.grad = pa.grad.copy()
+    before = [b.copy() for b in (ob.flat_param, ob.flat_exp_avg, ob.flat_exp_avg_sq)]
+    ob.step(where=np.array(False))
+    for b, old in zip((ob.flat_param, ob.flat_exp_avg, ob.flat_exp_avg_sq), before):
+        np.testing.assert_array_equal(b, old)
+    oa.step()
+    ob._step -= 1  # the skipped step advanced the count; compare one real step with another
+    ob.step(where=np.array(True))
+    for a, b in ((oa.flat_param, ob.flat_param), (oa.flat_exp_avg, ob.flat_exp_avg),
+                 (oa.flat_exp_avg_sq, ob.flat_exp_avg_sq)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_training_uses_the_fused_kernel_on_a_gpu_and_optim_adamw_on_the_cpu():
+    from xtrain_lessons.train import TrainConfig, make_optimizer
+
+    cfg = TrainConfig(max_lr=1e-3, weight_decay=0.1)
+    model = Model(PRESETS["test"], seed=0)
+    assert type(make_optimizer(model.named_parameters(), cfg, "cpu")) is AdamW
+    opt = make_optimizer(model.named_parameters(), cfg, "cuda")  # built here on NumPy arrays
+    assert isinstance(opt, FusedAdamW) and opt.groups[0]["lr"] == 1e-3 and opt._wd == 0.1

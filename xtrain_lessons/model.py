@@ -333,16 +333,17 @@ class Model:
         c = self.config
         P = self.params if params is None else params
         L = self._layers() if layers is None else layers
-        ids = ids.data if isinstance(ids, Tensor) else ids
+        ids_in = ids.data if isinstance(ids, Tensor) else ids
         xp = array_module(P["lm_head.weight"].data)
-        ids = xp.asarray(ids)
+        ids = xp.asarray(ids_in)
         if ids.ndim != 2:
             raise ValueError(f"Model: ids must be (B, T), got shape {ids.shape}")
         if ids.dtype.kind not in "iu":
             raise TypeError(f"Model: ids must be integers, got {ids.dtype}")
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= c.vocab_size):
+        host_ids = ids_in if isinstance(ids_in, np.ndarray) else ids  # checked there: no GPU sync
+        if ids.size and (int(host_ids.min()) < 0 or int(host_ids.max()) >= c.vocab_size):
             raise ValueError(f"Model: token ids must lie in [0, {c.vocab_size}), got "
-                             f"[{int(ids.min())}, {int(ids.max())}] (is vocab_size set from the tokenizer?)")
+                             f"[{int(host_ids.min())}, {int(host_ids.max())}] (is vocab_size set from the tokenizer?)")
         B, T = ids.shape
         end = start_pos + T
         limit = cache.max_len if cache is not None else c.max_seq_len
@@ -352,7 +353,7 @@ class Model:
         H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
         cos, sin = self.rope_cos[start_pos:end], self.rope_sin[start_pos:end]  # (T, D)
 
-        x = ops.embedding(P["model.embed_tokens.weight"], ids)  # (B, T, dim)
+        x = ops.embedding(P["model.embed_tokens.weight"], host_ids)  # (B, T, dim)
         # T18: dropout on what each sublayer adds to the residual stream, in training mode.
         # Site s (2i: attention, 2i+1: MLP of block i) of training forward number `step` draws
         # from Philox stream offset = step * 2 * n_layers + s: fresh per site and step, and

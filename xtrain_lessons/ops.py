@@ -657,17 +657,19 @@ def embedding(weight, ids) -> Tensor:
     that appears several times receives the sum of its rows.
     """
     weight = as_tensor(weight)
-    ids = ids.data if isinstance(ids, Tensor) else ids
+    ids_in = ids.data if isinstance(ids, Tensor) else ids
     xp = array_module(weight.data)
-    ids = xp.asarray(ids)
+    ids = xp.asarray(ids_in)
     if ids.dtype.kind not in "iu":
         raise TypeError(f"embedding: ids must be integers, got {ids.dtype}")
     if weight.ndim != 2:
         raise ValueError(f"embedding: weight must be (V, D), got {weight.shape}")
-    # NumPy would silently wrap a negative id around: refuse it
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= weight.shape[0]):
+    # NumPy would silently wrap a negative id around: refuse it. Checked on the host array when
+    # the ids come from the host (free); ids already on a GPU cost a host synchronisation.
+    src = ids_in if isinstance(ids_in, np.ndarray) else ids
+    if ids.size and (int(src.min()) < 0 or int(src.max()) >= weight.shape[0]):
         raise ValueError(f"embedding: ids must lie in [0, {weight.shape[0]}), got "
-                         f"min {int(ids.min())}, max {int(ids.max())}")
+                         f"min {int(src.min())}, max {int(src.max())}")
     out = weight.data[ids]  # (..., D)
 
     def backward(g):
@@ -687,9 +689,9 @@ def cross_entropy(logits, targets, ignore_index=-100) -> Tensor:
     If every target is ignored the loss is nan (0/0), as in torch.
     """
     logits = as_tensor(logits)
-    targets = targets.data if isinstance(targets, Tensor) else targets
+    targets_in = targets.data if isinstance(targets, Tensor) else targets
     xp = array_module(logits.data)
-    targets = xp.asarray(targets)
+    targets = xp.asarray(targets_in)
     if logits.shape[:-1] != targets.shape:
         raise ValueError(f"cross_entropy: logits shape {logits.shape} and targets shape "
                          f"{targets.shape} do not match (expected targets {logits.shape[:-1]})")
@@ -700,7 +702,9 @@ def cross_entropy(logits, targets, ignore_index=-100) -> Tensor:
     t = targets.reshape(-1)  # (N,)
     valid = t != ignore_index
     t_safe = xp.where(valid, t, 0)
-    if t.size and (int(t_safe.min()) < 0 or int(t_safe.max()) >= V):
+    # the range check reads the host array when the targets come from the host (free)
+    src = np.where(targets_in != ignore_index, targets_in, 0) if isinstance(targets_in, np.ndarray) else t_safe
+    if t.size and (int(src.min()) < 0 or int(src.max()) >= V):
         raise ValueError(f"cross_entropy: targets must lie in [0, {V}) or equal "
                          f"ignore_index={ignore_index}")
     rows = xp.arange(x.shape[0])

@@ -448,6 +448,18 @@ def train(cfg: TrainConfig | None = None, *, resume: str | os.PathLike | None = 
     return _run(cfg, run_dir, resume, conf if resume is not None else None, stop_at, progress, log, t_start)
 
 
+def make_optimizer(params, cfg: TrainConfig, device: str):
+    """AdamW for the run: on a GPU the fused kernel (kernels/adamw.cu, one launch per step over
+    flat buffers: T07), on the CPU optim.AdamW (the kernel would run on the emulator). Both
+    take the same arguments and save the same state_dict, so checkpoints move between them."""
+    kw = dict(lr=cfg.max_lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    if device == "cuda":
+        from .kernels.adamw import FusedAdamW  # noqa: PLC0415
+
+        return FusedAdamW(params, **kw)
+    return AdamW(params, **kw)
+
+
 def _read_pending(pending):
     """Read the losses and gradient norms of the pending steps in ONE host synchronisation.
 
@@ -544,8 +556,7 @@ def _run(cfg: TrainConfig, run_dir: Path, resume, conf, stop_at, progress, log, 
         for p in model.parameters():
             p.data = to_device(p.data)
     params = model.named_parameters()
-    opt = AdamW(params, lr=cfg.max_lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                weight_decay=cfg.weight_decay)
+    opt = make_optimizer(params, cfg, device)
     rng = np.random.default_rng([cfg.seed, 1])  # the data stream
     step = 0
     metrics_path = run_dir / "metrics.jsonl"

@@ -133,10 +133,22 @@ class FusedAdamW(AdamW):
                              "exp_avg": self.flat_exp_avg[off:off + size].reshape(shape),
                              "exp_avg_sq": self.flat_exp_avg_sq[off:off + size].reshape(shape)}
 
-    def step(self, lr: float | None = None) -> None:
-        """One update of every parameter: gather the gradients, one kernel launch."""
+    def step(self, lr: float | None = None, where=None) -> None:
+        """One update of every parameter: gather the gradients, one kernel launch.
+
+        ``where``: a 0-d boolean device array, as in ``optim.AdamW.step``: the update is
+        kept only if it is True (the buffers are copied before and restored where it is
+        False, on the device: no host synchronisation). The step count advances either way."""
         if lr is not None:
             self.set_lr(lr)
+        if where is not None:
+            xp = array_module(self.flat_param)
+            saved = [b.copy() for b in (self.flat_param, self.flat_exp_avg, self.flat_exp_avg_sq)]
+            self.step()
+            skip = xp.logical_not(where)
+            for b, old in zip((self.flat_param, self.flat_exp_avg, self.flat_exp_avg_sq), saved):
+                xp.copyto(b, old, where=skip)
+            return
         for n, p, off, size, _ in self._segments:
             if p.grad is None:
                 raise ValueError(f"FusedAdamW.step: {n} has no gradient (every parameter needs one)")
