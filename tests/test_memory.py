@@ -118,3 +118,57 @@ def test_memory_report_model():
     model.loss(ids, targets).backward()
     opt.step()
     assert memory_report(model, opt, (ids, targets))["optimizer_state"] == 8 * n
+
+
+# ----- leases and the engine allocator (T11: the engine's large buffers on the cache) -----
+
+def test_a_lease_returns_its_buffer_when_the_last_view_is_gone():
+    import ml_dtypes
+
+    pool = CachingAllocator()
+    a = pool.lease((100, 300), np.float32)
+    assert a.shape == (100, 300) and a.dtype == np.float32 and a.flags.c_contiguous
+    view = a[10:20].T  # a view keeps the buffer
+    del a
+    assert pool.stats.bytes_in_use > 0 and pool.stats.frees == 0
+    del view
+    assert pool.stats.bytes_in_use == 0 and pool.stats.frees == 1 and pool.stats.bytes_cached > 0
+    b = pool.lease((300, 100), ml_dtypes.bfloat16)  # any dtype (ml_dtypes bf16 too)
+    assert b.dtype == ml_dtypes.bfloat16 and pool.stats.misses == 2  # 60 KB: another size class
+    c = pool.lease((100, 300), np.float32)
+    assert pool.stats.hits == 1  # the first buffer, given back, is handed out again
+    c[...] = 1.0
+    assert float(c.sum()) == 30000.0
+
+
+def test_engine_allocator_is_off_by_default_and_bit_identical_when_on():
+    from xtrain_lessons import memory, rowwise
+
+    assert memory.empty((256, 256)).flags.owndata  # off: plain np.empty
+    cfg = PRESETS["tiny"].replace(vocab_size=512, n_layers=2)
+    ids = np.random.default_rng(1).integers(0, 512, (4, 65))
+
+    def step():
+        m = Model(cfg, seed=3)
+        loss = m.loss(ids[:, :-1], ids[:, 1:])
+        loss.backward()
+        return float(loss.data), {k: p.grad.copy() for k, p in m.params.items()}
+
+    plain_loss, plain_grads = step()
+    before = rowwise.get_threads()
+    rowwise.set_threads(2)  # leases also die on the pool's threads
+    try:
+        with memory.engine_allocator() as pool:
+            first = step()
+            misses, allocations = pool.stats.misses, pool.stats.allocations
+            second = step()
+            assert pool.stats.misses == misses  # the second step reuses every buffer
+            assert pool.stats.allocations == 2 * allocations > 0
+            assert pool.stats.bytes_in_use == 0  # all given back after the step
+            assert not memory.empty((256, 256)).flags.owndata  # on: a lease
+    finally:
+        rowwise.set_threads(before)
+    assert memory.empty((256, 256)).flags.owndata  # off again after the block
+    for loss, grads in (first, second):
+        assert loss == plain_loss
+        assert all(np.array_equal(grads[k], plain_grads[k]) for k in grads)

@@ -28,6 +28,12 @@ CachingAllocator(xp=numpy, min_bytes=512)
     (drop the cached free buffers); stats: AllocatorStats; reset_stats().
     With xp=cupy the buffers come from CuPy's own memory pool (which is itself a caching
     allocator); this layer only adds the statistics. (Thin and untested here: no GPU.)
+    lease(shape, dtype) -> array that gives its buffer back BY ITSELF when the last array
+    using its memory (views included) is gone: no free() to call, so the engine can use it.
+engine_allocator(pool=None) context manager: inside it the engine's large buffers (matmul
+    outputs, the row-block ops' outputs, gradients they write) are leases of `pool` (a new
+    CachingAllocator by default) instead of fresh np.empty; `empty(shape, dtype, like)` is
+    the function the engine calls. Off by default: then plain np.empty.
 AllocatorStats: allocations, frees, hits, misses, bytes_in_use, peak_bytes_in_use,
     bytes_cached (free buffers held), bytes_reserved (in use + cached), hit_rate.
 memory_report(model, optimizer, batch) -> dict of bytes: parameters, gradients,
@@ -38,11 +44,13 @@ memory_report(model, optimizer, batch) -> dict of bytes: parameters, gradients,
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["size_class", "CachingAllocator", "AllocatorStats", "memory_report", "fmt_bytes"]
+__all__ = ["size_class", "CachingAllocator", "AllocatorStats", "memory_report", "fmt_bytes",
+           "engine_allocator", "empty", "LEASE_MIN_BYTES"]
 
 _LARGE = 1 << 20  # above 1 MiB: quarter steps between powers of two
 
@@ -92,6 +100,7 @@ class CachingAllocator:
         self.free_lists: dict[int, list] = {}  # size class -> free buffers (uint8, 1-D)
         self._live: dict[int, tuple] = {}  # id(array) -> (array, buffer, class, requested)
         self._scopes: list[list[int]] = []
+        self._lock = threading.Lock()
         self.stats = AllocatorStats()
 
     # -- the two halves of a cache: get a buffer, put it back --------------------------------
@@ -167,6 +176,83 @@ class CachingAllocator:
     @property
     def live_arrays(self) -> int:
         return len(self._live)
+
+    def lease(self, shape, dtype=np.float32):
+        """An uninitialised C-contiguous array on a cached buffer that returns the buffer to
+        the free list when the array and every view of it are gone (see _Lease). CPU only."""
+        if self.xp is not np:
+            raise TypeError("CachingAllocator.lease: CPU (NumPy) pools only; on a GPU CuPy's "
+                            "own memory pool already returns freed buffers")
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        cls = size_class(nbytes, self.min_bytes)
+        with self._lock:
+            buf = self._get(cls)
+            s = self.stats
+            s.allocations += 1
+            s.bytes_in_use += cls
+            s.requested_bytes_in_use += nbytes
+            s.peak_bytes_in_use = max(s.peak_bytes_in_use, s.bytes_in_use)
+        raw = np.asarray(_Lease(self, buf, cls, nbytes))  # uint8, its .base is the lease
+        return raw.view(dtype).reshape(shape)  # (a view: any dtype, ml_dtypes' bf16 too)
+
+    def _give_back(self, buf, cls, nbytes) -> None:
+        with self._lock:  # a lease can die on any thread (the row-block pool's too)
+            self.stats.frees += 1
+            self.stats.bytes_in_use -= cls
+            self.stats.requested_bytes_in_use -= nbytes
+            self._put(cls, buf)
+
+
+class _Lease:
+    """Owner of a leased buffer: the array made from it (np.asarray through
+    __array_interface__) and all its views keep this object alive as their `.base`; when the
+    last of them is gone, __del__ hands the buffer back to the allocator's free list."""
+
+    def __init__(self, pool, buf, cls, nbytes):
+        self._pool, self._buf, self._cls, self._nbytes = pool, buf, cls, nbytes
+        self.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "version": 3,
+                                    "data": (buf.ctypes.data, False)}
+
+    def __del__(self):
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool._give_back(self._buf, self._cls, self._nbytes)
+
+
+# ----------------------------------------------------------------------------------------
+# the engine's allocator (off by default)
+
+LEASE_MIN_BYTES = 64 * 1024  # smaller arrays: NumPy's own small-block cache is faster (T11)
+_engine = {"pool": None}
+
+
+@contextlib.contextmanager
+def engine_allocator(pool: "CachingAllocator | None" = None):
+    """Inside the block the engine's large buffers come from `pool` (leases: given back when
+    unused). Yields the pool, whose `stats` show what the engine allocated."""
+    pool = CachingAllocator() if pool is None else pool
+    before, _engine["pool"] = _engine["pool"], pool
+    try:
+        yield pool
+    finally:
+        _engine["pool"] = before
+
+
+def empty(shape, dtype=np.float32, like=None):
+    """np.empty(shape, dtype), or a lease of the engine allocator when one is active and the
+    array is large (CPU only: on a GPU CuPy's own pool already caches)."""
+    pool = _engine["pool"]
+    if like is not None and not isinstance(like, np.ndarray):
+        from .autograd import array_module  # noqa: PLC0415
+
+        return array_module(like).empty(shape, dtype=dtype)
+    if pool is not None:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if nbytes >= LEASE_MIN_BYTES:
+            return pool.lease(shape, dtype)
+    return np.empty(shape, dtype=dtype)
 
 
 def fmt_bytes(n: float) -> str:

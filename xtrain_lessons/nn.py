@@ -23,6 +23,7 @@ import math
 import numpy as np
 
 from . import rowwise
+from .memory import empty  # np.empty, or the engine allocator's (T11)
 from .rowwise import map_rows
 from .autograd import Tensor, array_module, make_node
 
@@ -96,7 +97,7 @@ def _rotate(x, cos_t, sin_t):
     B, T, H, D = x.shape
     h = D // 2
     x3 = x.reshape(B, T, H * D)
-    out = xp.empty(x3.shape, dtype=xp.result_type(x, cos_t))
+    out = empty(x3.shape, xp.result_type(x, cos_t), x)
 
     def rows(lo, hi):  # sequences lo..hi-1 (rowwise.map_rows: spread over the threads)
         n = hi - lo
@@ -178,8 +179,8 @@ def attention_fwd(q, k, v):
     vh = v.transpose(0, 2, 1, 3)  # (B, Hkv, Tk, D)
     future = xp.arange(Tk)[None, :] > (Tk - Tq + xp.arange(Tq))[:, None]  # (Tq, Tk)
     bias = xp.where(future, -xp.inf, 0.0).astype(q.dtype)  # causal mask, added to scores
-    p = xp.empty((B, Hkv, G * Tq, Tk), dtype=q.dtype)
-    o = xp.empty((B, Hkv, G * Tq, D), dtype=q.dtype)
+    p = empty((B, Hkv, G * Tq, Tk), q.dtype, q)
+    o = empty((B, Hkv, G * Tq, D), q.dtype, q)
 
     def batch_rows(lo, hi):  # sequences lo..hi-1: scores, softmax, weighted sum
         s = p[lo:hi]
@@ -216,9 +217,9 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         qh = _to_heads(q.data, Hkv)  # (B, Hkv, G*Tq, D)
         vT = _keys_t(v.data)  # (B, Hkv, D, Tk)
         gh = _to_heads(g, Hkv)  # (B, Hkv, G*Tq, D)
-        dq = xp.empty(gh.shape, dtype=g.dtype)
-        dk = xp.empty(kh.shape, dtype=g.dtype)
-        dv = xp.empty(kh.shape, dtype=g.dtype)
+        dq = empty(gh.shape, g.dtype, g)
+        dk = empty(kh.shape, g.dtype, g)
+        dv = empty(kh.shape, g.dtype, g)
 
         def batch_rows(lo, hi):
             pb, gb = p[lo:hi], gh[lo:hi]
@@ -264,7 +265,7 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     xp = array_module(gate.data)
     F = gate.shape[-1] if gate.ndim else 1
     a2, u2 = gate.data.reshape(-1, F), up.data.reshape(-1, F)
-    out = xp.empty(a2.shape, dtype=xp.result_type(a2, u2))
+    out = empty(a2.shape, xp.result_type(a2, u2), a2)
 
     def forward_rows(lo, hi):
         a = a2[lo:hi]
@@ -276,7 +277,7 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
 
     def backward(g):
         g2 = g.reshape(-1, F)
-        dgate, dup = xp.empty_like(out), xp.empty_like(out)
+        dgate, dup = empty(out.shape, out.dtype, out), empty(out.shape, out.dtype, out)
 
         def backward_rows(lo, hi):
             a, gb = a2[lo:hi], g2[lo:hi]

@@ -49,6 +49,7 @@ import operator
 
 import numpy as np
 
+from .memory import empty as _empty  # np.empty, or the engine allocator's (T11)
 from .rowwise import grid, map_rows, sum_blocks
 from .rowwise import matmul as _rows_matmul
 from .autograd import Tensor, array_module, as_tensor, make_node
@@ -605,8 +606,8 @@ def rmsnorm(x, weight=None, eps=1e-6) -> Tensor:
     N = x2.shape[0]
     inv_d, eps_ = dt(1.0 / D), dt(eps)
     w = weight.data if weight is not None else None
-    xhat, r = xp.empty_like(x2), xp.empty((N, 1), dtype=xd.dtype)
-    out = xp.empty_like(x2) if w is not None else xhat
+    xhat, r = _empty(x2.shape, x2.dtype, x2), xp.empty((N, 1), dtype=xd.dtype)
+    out = _empty(x2.shape, x2.dtype, x2) if w is not None else xhat
 
     def forward_rows(lo, hi):  # one cache-sized block of rows (xtrain_lessons.rowwise)
         xb = x2[lo:hi]
@@ -624,7 +625,7 @@ def rmsnorm(x, weight=None, eps=1e-6) -> Tensor:
     def backward(g):
         g2 = g.reshape(-1, D)
         want_w = weight is not None and weight.requires_grad
-        gx = xp.empty_like(x2) if x.requires_grad else None
+        gx = _empty(x2.shape, x2.dtype, x2) if x.requires_grad else None
 
         def backward_rows(lo, hi):
             gb, xh = g2[lo:hi], xhat[lo:hi]
@@ -711,7 +712,7 @@ def cross_entropy(logits, targets, ignore_index=-100) -> Tensor:
     n_valid = valid.sum()
 
     N = x.shape[0]
-    e = xp.empty(x.shape, dtype=x.dtype)  # exp(x - max), kept for backward (unnormalized)
+    e = _empty(x.shape, x.dtype, x)  # exp(x - max), kept for backward (unnormalized)
     s = xp.empty((N, 1), dtype=x.dtype)  # its row sums
     lse = xp.empty((N, 1), dtype=x.dtype)
 
@@ -736,7 +737,7 @@ def cross_entropy(logits, targets, ignore_index=-100) -> Tensor:
             scale = valid.astype(x.dtype) * (g / n_valid.astype(x.dtype)).astype(x.dtype)  # (N,)
         # softmax * scale = e * (scale / s), in one pass over (N, V)
         f = (scale / s[:, 0])[:, None]
-        gx = xp.empty_like(e)
+        gx = _empty(e.shape, e.dtype, e)
         map_rows(lambda lo, hi: xp.multiply(e[lo:hi], f[lo:hi], out=gx[lo:hi]), N, V * x.itemsize,
                  like=x)
         gx[rows, t_safe] -= scale

@@ -48,6 +48,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .memory import empty
+
 __all__ = ["BLOCK_BYTES", "map_rows", "matmul", "sum_blocks", "set_threads", "get_threads",
            "blocks", "grid", "runs", "blas_threads", "set_blas_threads"]
 
@@ -210,7 +212,7 @@ def matmul(a, b, out=None):
     M, K = a.shape
     N = b.shape[1]
     if out is None:
-        out = np.empty((M, N), dtype=np.result_type(a, b))
+        out = empty((M, N), np.result_type(a, b))  # the engine allocator's when on (T11)
     if _threads == 1 or 2 * M * K * N < MATMUL_SPLIT_FLOPS or M < 2 * _threads:
         return np.matmul(a, b, out=out)
 
