@@ -20,7 +20,7 @@ Threads: with one thread `fn` runs once per cache-sized block. With n threads th
 are cut into n contiguous runs, one per thread, and `fn` runs ONCE per run, on all of its
 rows: NumPy releases the GIL inside each call, but every call hands the GIL from thread to
 thread, and when calls are short (tens of µs on a 128 KiB block) the hand-overs, each a
-wake-up of a sleeping thread, cost more than the work (T07 measures it). Long calls on
+wake-up of a sleeping thread, eat into the gain (T07 measures it). Long calls on
 large runs keep both cores busy; the cache effect is the smaller gain.
 `set_blas_threads(n)` sets both NumPy's OpenBLAS threads and this pool (`xtrain train
 --threads`, `xtrain bench --threads`); default: the CPU count.
@@ -111,8 +111,8 @@ def _set_blas_only(n: int) -> bool:
 
 def set_blas_threads(n: int) -> bool:
     """Use `n` CPU threads: NumPy's OpenBLAS threads and this module's pool. Returns True if
-    OpenBLAS could be set. On a busy machine 1 thread can be several times faster than 2:
-    OpenBLAS threads spin while waiting for each other."""
+    OpenBLAS could be set. The engine's own matmuls keep OpenBLAS single-threaded inside
+    (see the module docstring); the OpenBLAS setting is for other NumPy matmuls."""
     set_threads(n)
     return _set_blas_only(n)
 

@@ -125,8 +125,8 @@ class TrainConfig:
                                      # --steps/--config uses DEFAULT_RUN_TIME_LIMIT
     threads: int = 1                # CPU threads of the engine: its matmuls and row blocks
                                     # (rowwise.set_blas_threads; 0: as they are). The same bits
-                                    # with any count; 2 threads measured ~1.1x faster than 1 on the
-                                    # 2-core CI machine, and a busy machine can make them slower
+                                    # with any count; whether 2 beat 1 depends on the machine's
+                                    # load (`xtrain bench train --threads N` measures it)
     dtype: str = "float32"          # T12 compute dtype: "float32" or "bf16" (float32 master
                                     # weights and AdamW state either way; xtrain_lessons.amp)
 
