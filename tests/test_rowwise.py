@@ -214,3 +214,113 @@ def test_adamw_over_the_threads_is_bit_identical_to_whole_array_updates(threads)
                 _adamw_update(p.data, grads[name], st["exp_avg"], st["exp_avg_sq"], g["lr"], b1, b2,
                               g["eps"], g["weight_decay"], 1.0 - b1 ** t, (1.0 - b2 ** t) ** 0.5)
     assert all(np.array_equal(results[0][k], p.data) for k, p in m.params.items())
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_add_over_the_threads_is_a_plus_b(threads, n):
+    """rowwise.add (residual stream, autograd's fan-out sums) is `a + b`, bit for bit, split or
+    not; other shapes, dtypes and layouts fall back to `a + b`."""
+    threads(n)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((300, 7, 64)).astype(np.float32)  # 525 KiB: split
+    b = rng.standard_normal((300, 7, 64)).astype(np.float32)
+    out = rowwise.add(a, b)
+    assert out.dtype == np.float32 and out.shape == a.shape
+    assert np.array_equal(out, a + b)
+    for x, y in ((a, b[0]), (a, b.astype(np.float64)), (a[:, ::2], b[:, ::2]), (a[:2], b[:2]),
+                 (np.float32(2), b)):
+        want = x + y
+        got = rowwise.add(x, y)
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+def test_split_items_keeps_items_whole_in_order_and_balances_sizes():
+    assert rowwise.split_items([10, 10, 10, 10], 2) == [(0, 2), (2, 4)]
+    assert rowwise.split_items([100, 1, 1, 1], 2) == [(0, 1), (1, 4)]
+    assert rowwise.split_items([1] * 10, 3) == [(0, 3), (3, 7), (7, 10)]
+    assert rowwise.split_items([5], 3) == [(0, 1)]  # never an empty group
+    assert rowwise.split_items([], 2) == []
+    sizes = list(np.random.default_rng(1).integers(1, 1000, 40))
+    groups = rowwise.split_items(sizes, 3)
+    assert groups[0][0] == 0 and groups[-1][1] == 40
+    assert all(j == i2 for (_, j), (i2, _) in zip(groups, groups[1:]))  # contiguous
+    totals = [sum(sizes[i:j]) for i, j in groups]
+    assert max(totals) - min(totals) <= 2 * max(sizes)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_map_items_returns_groups_in_order(threads, n):
+    threads(n)
+    sizes = [3, 1, 4, 1, 5, 9, 2, 6]
+    out = rowwise.map_items(lambda i, j: list(range(i, j)), sizes)
+    assert [k for group in out for k in group] == list(range(len(sizes)))
+    assert len(out) == min(n, len(sizes))
+
+
+def test_embedding_backward_split_by_token_range_equals_one_scatter_add(threads):
+    """The embedding gradient is built by vocabulary ranges, one per thread, each adding its
+    tokens' rows in their order: the same bits as one np.add.at, with repeated ids."""
+    rng = np.random.default_rng(0)
+    V, D = 50, 16
+    w = rng.standard_normal((V, D)).astype(np.float32)
+    ids = rng.integers(0, V, (8, 40))  # 320 ids over 50 rows: every row repeats
+    g = rng.standard_normal((8, 40, D)).astype(np.float32)
+    want = np.zeros((V, D), np.float32)
+    np.add.at(want, ids.reshape(-1), g.reshape(-1, D))
+    for n in (1, 2, 3):
+        threads(n)
+        wt = Tensor(w, requires_grad=True)
+        ops.embedding(wt, ids).backward(g)
+        assert np.array_equal(wt.grad, want), n
+
+
+def test_grad_norm_and_clipping_same_bits_for_any_thread_count(threads):
+    """The global norm sums each gradient whole (one reduction each, on some thread) and adds
+    them in parameter order; clipping scales them on the threads: same bits as one thread,
+    and as the sequential formula."""
+    from xtrain_lessons.optim import clip_grad_norm, global_grad_norm
+
+    rng = np.random.default_rng(2)
+    shapes = [(300, 64), (64,), (128, 64), (5,), (64, 300)]
+    grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    want = 0.0
+    for gr in grads:
+        want = want + np.sum(np.square(gr.astype(np.float64)))
+    want = float(np.sqrt(want))
+    results = []
+    for n in (1, 2, 3):
+        threads(n)
+        params = [Tensor(np.zeros(s, np.float32), requires_grad=True) for s in shapes]
+        for p, gr in zip(params, grads):
+            p.grad = gr.copy()
+        assert global_grad_norm(params) == want
+        assert float(global_grad_norm(params, sync=False)) == want
+        clip_grad_norm(params, 1.0)
+        results.append([p.grad for p in params])
+    for r in results[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(results[0], r))
+    coef = np.float32(1.0 / (want + 1e-6))
+    assert all(np.array_equal(a, gr * coef) for a, gr in zip(results[0], grads))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_matmuls_in_one_hand_over_equal_separate_products(threads, n):
+    """A linear layer's dx and dW in one region: the same bits as two plain matmuls."""
+    rng = np.random.default_rng(4)
+    g = rng.standard_normal((601, 128)).astype(np.float32)  # 2 x 601 x 128 x 96 FLOPs: split
+    w = rng.standard_normal((128, 96)).astype(np.float32)
+    x = rng.standard_normal((601, 96)).astype(np.float32)
+    assert 2 * 601 * 128 * 96 >= rowwise.MATMUL_SPLIT_FLOPS
+    before = rowwise.blas_threads()
+    try:  # OpenBLAS on its own threads may sum a long K = 601 in another order: the engine's
+        # threads are set with set_blas_threads (as `xtrain train --threads` does)
+        rowwise.set_blas_threads(1)
+        want_gx, want_gw, want_small = g @ w, g.T @ x, g[:3] @ w
+        rowwise.set_blas_threads(n)
+        gx, gw = rowwise.matmuls((g, w), (g.T, x))
+        small = rowwise.matmuls((g[:3], w))[0]  # too small to split: a plain call
+    finally:
+        if before:
+            rowwise.set_blas_threads(before)
+    assert np.array_equal(gx, want_gx) and np.array_equal(gw, want_gw)
+    assert np.array_equal(small, want_small)

@@ -47,6 +47,9 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
 
     def backward(g):
         g2 = g.reshape(-1, w.shape[0])  # (N, out)
+        if x.requires_grad and w.requires_grad:  # both in one hand-over to the threads
+            gx, gw = rowwise.matmuls((g2, w.data), (g2.T, x2))
+            return gx.reshape(x.shape), gw
         gx = rowwise.matmul(g2, w.data).reshape(x.shape) if x.requires_grad else None  # (..., in)
         gw = rowwise.matmul(g2.T, x2) if w.requires_grad else None  # (out, in)
         return gx, gw
@@ -150,6 +153,12 @@ def _from_heads(y, B, T, H, D):
     return xp.ascontiguousarray(y.reshape(B, H, T, D).transpose(0, 2, 1, 3))
 
 
+def _from_heads_into(out, y):
+    """Write y (b, Hkv, G*T, D) into out (b, T, H, D): the inverse of _to_heads."""
+    b, T, H, D = out.shape
+    out[...] = y.reshape(b, H, T, D).transpose(0, 2, 1, 3)
+
+
 def _keys_t(k):
     """(B, Tk, Hkv, D) -> (B, Hkv, D, Tk), C-contiguous. NumPy's batched matmul calls BLAS
     only when each matrix has a unit stride; `q @ k.swapaxes(-1, -2)` of the transposed
@@ -174,26 +183,27 @@ def attention_fwd(q, k, v):
                          f"(need k, v (B, Tk, Hkv, D) with Tk >= Tq)")
     G = H // Hkv
     scale = q.dtype.type(1.0 / math.sqrt(D))
-    qh = _to_heads(q, Hkv)  # (B, Hkv, G*Tq, D)
-    kT = _keys_t(k)  # (B, Hkv, D, Tk)
-    vh = v.transpose(0, 2, 1, 3)  # (B, Hkv, Tk, D)
+    qh = _to_heads(q, Hkv)  # (B, Hkv, G*Tq, D), a view
+    vh = v.transpose(0, 2, 1, 3)  # (B, Hkv, Tk, D), a view
     future = xp.arange(Tk)[None, :] > (Tk - Tq + xp.arange(Tq))[:, None]  # (Tq, Tk)
     bias = xp.where(future, -xp.inf, 0.0).astype(q.dtype)  # causal mask, added to scores
     p = empty((B, Hkv, G * Tq, Tk), q.dtype, q)
-    o = empty((B, Hkv, G * Tq, D), q.dtype, q)
+    out = empty((B, Tq, H, D), q.dtype, q)
 
     def batch_rows(lo, hi):  # sequences lo..hi-1: scores, softmax, weighted sum
         s = p[lo:hi]
-        xp.matmul(qh[lo:hi], kT[lo:hi], out=s)  # (b, Hkv, G*Tq, Tk)
+        xp.matmul(qh[lo:hi], _keys_t(k[lo:hi]), out=s)  # (b, Hkv, G*Tq, Tk)
         s *= scale
         s.reshape(hi - lo, Hkv, G, Tq, Tk)[...] += bias  # view: mask per (query, key)
         s -= s.max(axis=-1, keepdims=True)  # max subtraction: exp never overflows
         xp.exp(s, out=s)
         s /= s.sum(axis=-1, keepdims=True)
-        xp.matmul(s, vh[lo:hi], out=o[lo:hi])
+        _from_heads_into(out[lo:hi], xp.matmul(s, vh[lo:hi]))
 
+    # the layout copies (keys transposed, heads back to (B, T, H, D)) happen inside the
+    # per-sequence blocks too: on every thread, while the block is in cache
     map_rows(batch_rows, B, p[0].nbytes, like=q, blas=True)
-    return _from_heads(o, B, Tq, H, D), p  # (B, Tq, H, D)
+    return out, p  # (B, Tq, H, D)
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -213,28 +223,25 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
     def backward(g):
         xp = array_module(g)
-        kh = k.data.transpose(0, 2, 1, 3)  # (B, Hkv, Tk, D)
-        qh = _to_heads(q.data, Hkv)  # (B, Hkv, G*Tq, D)
-        vT = _keys_t(v.data)  # (B, Hkv, D, Tk)
+        kh = k.data.transpose(0, 2, 1, 3)  # (B, Hkv, Tk, D), a view
+        qh = _to_heads(q.data, Hkv)  # (B, Hkv, G*Tq, D), a view
         gh = _to_heads(g, Hkv)  # (B, Hkv, G*Tq, D)
-        dq = empty(gh.shape, g.dtype, g)
-        dk = empty(kh.shape, g.dtype, g)
-        dv = empty(kh.shape, g.dtype, g)
+        dq = empty(q.shape, g.dtype, g)
+        dk = empty(k.shape, g.dtype, g)
+        dv = empty(v.shape, g.dtype, g)
 
         def batch_rows(lo, hi):
             pb, gb = p[lo:hi], gh[lo:hi]
-            xp.matmul(pb.swapaxes(-1, -2), gb, out=dv[lo:hi])  # P^T dO (sums a group's heads)
-            ds = gb @ vT[lo:hi]  # dP, overwritten by dS
+            dv[lo:hi] = xp.matmul(pb.swapaxes(-1, -2), gb).transpose(0, 2, 1, 3)  # P^T dO (sums a group's heads)
+            ds = gb @ _keys_t(v.data[lo:hi])  # dP, overwritten by dS
             ds -= (ds * pb).sum(axis=-1, keepdims=True)
             ds *= pb
             ds *= scale
-            xp.matmul(ds, kh[lo:hi], out=dq[lo:hi])
-            xp.matmul(ds.swapaxes(-1, -2), qh[lo:hi], out=dk[lo:hi])
+            _from_heads_into(dq[lo:hi], xp.matmul(ds, kh[lo:hi]))
+            dk[lo:hi] = xp.matmul(ds.swapaxes(-1, -2), qh[lo:hi]).transpose(0, 2, 1, 3)
 
         map_rows(batch_rows, B, p[0].nbytes, like=p, blas=True)
-        return (_from_heads(dq, B, Tq, H, D),
-                xp.ascontiguousarray(dk.transpose(0, 2, 1, 3)),
-                xp.ascontiguousarray(dv.transpose(0, 2, 1, 3)))
+        return dq, dk, dv
 
     return make_node(out, (q, k, v), backward, "causal_attention")
 

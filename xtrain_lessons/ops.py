@@ -50,7 +50,8 @@ import operator
 import numpy as np
 
 from .memory import empty as _empty  # np.empty, or the engine allocator's (T11)
-from .rowwise import grid, map_rows, sum_blocks
+from .rowwise import get_threads, grid, map_rows, sum_blocks
+from .rowwise import add as _rows_add
 from .rowwise import matmul as _rows_matmul
 from .autograd import Tensor, array_module, as_tensor, make_node
 
@@ -111,7 +112,7 @@ def _shape_arg(shape):
 
 def add(a, b) -> Tensor:
     a, b = _pair(a, b)
-    out = _elementwise("add", operator.add, a, b)
+    out = _elementwise("add", _rows_add, a, b)  # same shapes: split over the threads
     return make_node(out, (a, b), lambda g: (g, g), "add", unbroadcast=True)
 
 
@@ -675,8 +676,20 @@ def embedding(weight, ids) -> Tensor:
 
     def backward(g):
         V, D = weight.shape
-        gw = xp.zeros((V, D), dtype=g.dtype)
-        _scatter_add(gw, ids.reshape(-1), g.reshape(-1, D))  # fast in NumPy >= 1.25
+        flat, g2 = ids.reshape(-1), g.reshape(-1, D)
+        gw = _empty((V, D), g.dtype, g)
+
+        def vocab_rows(lo, hi):  # the rows of token ids lo..hi-1, one range per thread
+            part = gw[lo:hi]
+            part[...] = 0
+            if lo == 0 and hi == V:
+                _scatter_add(part, flat, g2)  # fast in NumPy >= 1.25
+            else:  # this range's tokens, in their order: the same additions as one call
+                mine = (flat >= lo) & (flat < hi)
+                _scatter_add(part, flat[mine] - lo, g2[mine])
+
+        threads = get_threads()
+        map_rows(vocab_rows, V, 1, like=gw, block_bytes=-(-V // threads))
         return (gw,)
 
     return make_node(out, (weight,), backward, "embedding")

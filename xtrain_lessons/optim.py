@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
-from .rowwise import map_rows
+from .rowwise import map_items, map_rows
 
 __all__ = [
     "AdamW",
@@ -373,17 +373,29 @@ def global_grad_norm(params, sync: bool = True):
 
     A Python float (one host synchronisation), or with ``sync=False`` a 0-d float64 array
     left on the device (the same number)."""
-    total, xp = None, np  # summed on the device, in parameter order
-    for p in _params_list(params):
-        if p.grad is None:
-            continue
-        g = p.grad
-        xp = _xp(g)
-        s = xp.sum(xp.square(g.astype(np.float64, copy=False)))
-        total = s if total is None else total + s
-    if total is None:
-        return 0.0 if sync else xp.zeros((), dtype=np.float64)
+    grads = [p.grad for p in _params_list(params) if p.grad is not None]
+    if not grads:
+        return 0.0 if sync else np.zeros((), dtype=np.float64)
+    xp = _xp(grads[0])
+
+    def square_sums(i, j):  # whole gradients, one reduction each: the same bits on any split
+        return [xp.sum(xp.square(g.astype(np.float64, copy=False))) for g in grads[i:j]]
+
+    total = None  # summed on the device, in parameter order
+    for group in map_items(square_sums, [g.size for g in grads], like=grads[0]):
+        for s in group:
+            total = s if total is None else total + s
     return math.sqrt(float(total)) if sync else xp.sqrt(total)
+
+
+def _scale_grads(plist, coef_as):
+    """p.grad *= coef_as(p.grad.dtype) for every parameter, spread over the engine's threads."""
+    def scale(i, j):
+        for p in plist[i:j]:
+            p.grad *= coef_as(p.grad.dtype)
+
+    if plist:
+        map_items(scale, [p.grad.size for p in plist], like=plist[0].grad)
 
 
 def clip_grad_norm(params, max_norm: float, eps: float = 1e-6, sync: bool = True):
@@ -403,14 +415,13 @@ def clip_grad_norm(params, max_norm: float, eps: float = 1e-6, sync: bool = True
         xp = _xp(norm)
         coef = float(max_norm) / (norm + eps)
         coef = xp.where(xp.isfinite(norm) & (coef < 1.0), coef, 1.0)
-        for p in plist:
-            p.grad *= coef.astype(p.grad.dtype)
+        if plist:
+            _scale_grads(plist, coef.astype)
         return norm
     norm = global_grad_norm(plist)
     if not math.isfinite(norm):
         return norm
     coef = float(max_norm) / (norm + eps)
-    if coef < 1.0:
-        for p in plist:
-            p.grad *= p.grad.dtype.type(coef)
+    if coef < 1.0 and plist:
+        _scale_grads(plist, lambda dtype: dtype.type(coef))
     return norm

@@ -50,10 +50,12 @@ import numpy as np
 
 from .memory import empty
 
-__all__ = ["BLOCK_BYTES", "map_rows", "matmul", "sum_blocks", "set_threads", "get_threads",
-           "blocks", "grid", "runs", "blas_threads", "set_blas_threads"]
+__all__ = ["BLOCK_BYTES", "map_rows", "map_items", "matmul", "matmuls", "add", "sum_blocks", "set_threads",
+           "get_threads", "blocks", "grid", "runs", "split_items", "blas_threads",
+           "set_blas_threads"]
 
 BLOCK_BYTES = 128 * 1024  # per array and block: a few arrays of this fit in a 1-2 MiB L2
+ADD_SPLIT_BYTES = 256 * 1024  # below this an addition is one call: splitting would cost more
 MATMUL_SPLIT_FLOPS = 1 << 23  # below this a product is one call: splitting would cost more
 
 _threads = max(1, min(os.cpu_count() or 1, 8))
@@ -221,6 +223,76 @@ def matmul(a, b, out=None):
 
     map_rows(rows, M, 1, blas=True, block_bytes=max(1, -(-M // _threads)))
     return out
+
+
+def matmuls(*pairs):
+    """[a @ b for a, b in pairs] in ONE hand-over to the threads: thread t computes its share
+    of the rows of every product (a linear layer's backward: dx and dW together). The same
+    bits as separate calls; products too small to split run as plain calls."""
+    if (_threads == 1 or not all(isinstance(a, np.ndarray) and a.ndim == 2 and b.ndim == 2
+                                 for a, b in pairs)
+            or any(2 * a.shape[0] * a.shape[1] * b.shape[1] < MATMUL_SPLIT_FLOPS
+                   or a.shape[0] < 2 * _threads for a, b in pairs)):
+        return [matmul(a, b) for a, b in pairs]
+    outs = [empty((a.shape[0], b.shape[1]), np.result_type(a, b)) for a, b in pairs]
+    n = _threads
+
+    def share(t, _):  # "rows" t..t+1 of map_rows are the threads
+        for (a, b), out in zip(pairs, outs):
+            lo, hi = t * a.shape[0] // n, (t + 1) * a.shape[0] // n
+            np.matmul(a[lo:hi], b, out=out[lo:hi])
+
+    map_rows(share, n, 1, blas=True, block_bytes=1)
+    return outs
+
+
+def add(a, b):
+    """a + b, for two NumPy arrays of the same shape and dtype split by rows over the engine's
+    threads (the same bits: elementwise); anything else is plain `a + b`. The residual
+    stream's additions and autograd's sums of fanned-out gradients go through here."""
+    if (not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray) or a.shape != b.shape
+            or a.dtype != b.dtype or a.ndim == 0 or _threads == 1 or a.nbytes < ADD_SPLIT_BYTES
+            or not (a.flags.c_contiguous and b.flags.c_contiguous)):
+        return a + b
+    a2, b2 = a.reshape(-1, a.shape[-1]), b.reshape(-1, a.shape[-1])
+    out = empty(a2.shape, a.dtype)
+
+    def rows(lo, hi):
+        np.add(a2[lo:hi], b2[lo:hi], out=out[lo:hi])
+
+    map_rows(rows, a2.shape[0], a2.shape[1] * a.itemsize,
+             block_bytes=max(1, -(-a2.shape[0] // _threads)) * a2.shape[1] * a.itemsize)
+    return out.reshape(a.shape)
+
+
+def split_items(sizes, threads: int | None = None) -> list[tuple[int, int]]:
+    """Cut items 0..n-1 of the given sizes into at most `threads` contiguous groups (i, j)
+    of about the same total size; every item whole."""
+    n = threads or _threads
+    prefix = np.concatenate([[0], np.cumsum(sizes, dtype=np.float64)])  # prefix[i]: items < i
+    cuts = [0]
+    for k in range(1, n):  # the cut whose prefix is nearest k/n of the total
+        target = prefix[-1] * k / n
+        c = int(np.searchsorted(prefix, target))
+        if c > 0 and (c == len(prefix) or target - prefix[c - 1] <= prefix[c] - target):
+            c -= 1
+        if cuts[-1] < c < len(sizes):
+            cuts.append(c)
+    cuts.append(len(sizes))
+    return [(i, j) for i, j in zip(cuts, cuts[1:]) if j > i]
+
+
+def map_items(fn, sizes, *, like=None) -> list:
+    """[fn(i, j) for each group of split_items(sizes)], one group per thread, in order: for
+    work that must take whole arrays (a reduction per parameter keeps its bits only whole).
+    `like`: not a NumPy array (CuPy) -> [fn(0, n)]."""
+    n = len(sizes)
+    if (like is not None and not isinstance(like, np.ndarray)) or getattr(_local, "worker", False):
+        return [fn(0, n)] if n else []
+    groups = split_items(sizes)
+    if len(groups) <= 1 or _threads == 1:
+        return [fn(i, j) for i, j in groups]
+    return _run_spans(fn, groups)
 
 
 def _run_spans(fn, spans):
