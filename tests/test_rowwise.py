@@ -216,24 +216,6 @@ def test_adamw_over_the_threads_is_bit_identical_to_whole_array_updates(threads)
     assert all(np.array_equal(results[0][k], p.data) for k, p in m.params.items())
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])
-def test_add_over_the_threads_is_a_plus_b(threads, n):
-    """rowwise.add (residual stream, autograd's fan-out sums) is `a + b`, bit for bit, split or
-    not; other shapes, dtypes and layouts fall back to `a + b`."""
-    threads(n)
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((300, 7, 64)).astype(np.float32)  # 525 KiB: split
-    b = rng.standard_normal((300, 7, 64)).astype(np.float32)
-    out = rowwise.add(a, b)
-    assert out.dtype == np.float32 and out.shape == a.shape
-    assert np.array_equal(out, a + b)
-    for x, y in ((a, b[0]), (a, b.astype(np.float64)), (a[:, ::2], b[:, ::2]), (a[:2], b[:2]),
-                 (np.float32(2), b)):
-        want = x + y
-        got = rowwise.add(x, y)
-        assert got.dtype == want.dtype and np.array_equal(got, want)
-
-
 def test_split_items_keeps_items_whole_in_order_and_balances_sizes():
     assert rowwise.split_items([10, 10, 10, 10], 2) == [(0, 2), (2, 4)]
     assert rowwise.split_items([100, 1, 1, 1], 2) == [(0, 1), (1, 4)]

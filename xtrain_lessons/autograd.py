@@ -73,8 +73,6 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .rowwise import add as _rows_add
-
 __all__ = [
     "Tensor", "tensor", "as_tensor", "make_node", "no_grad", "enable_grad",
     "is_grad_enabled", "array_module", "unbroadcast", "topological_order",
@@ -296,9 +294,8 @@ class Tensor:
                 if gp.dtype != p.dtype:
                     gp = gp.astype(p.dtype)
                 prev = grads.get(id(p))
-                # fan-out: sum the contributions (out of place: `prev` may be shared;
-                # rowwise.add is `prev + gp` split over the engine's threads)
-                grads[id(p)] = gp if prev is None else _rows_add(prev, gp)
+                # fan-out: sum the contributions (out of place: `prev` may be shared)
+                grads[id(p)] = gp if prev is None else prev + gp
 
     # -- operators: defined in ops.py, attached at the bottom of this file --
 

@@ -32,7 +32,10 @@ inside a run (the same blocks whatever the thread count), so a per-block partial
 up in row order by `sum_blocks`, is the same number with 1 or 8 threads.
 
 Matmuls: `matmul(a, b)` splits a 2-D product by rows of `a` over the same threads, with
-OpenBLAS single-threaded inside (`map_rows(..., blas=True)` does the same for any block).
+OpenBLAS single-threaded inside (`map_rows(..., blas=True)` does the same for any block);
+`matmuls(*pairs)` does several products in one hand-over (a linear layer's dx and dW).
+`map_items(fn, sizes)` shares out whole arrays instead of rows, for work whose bits depend
+on taking an array whole (one reduction per gradient in the global norm).
 The engine never lets OpenBLAS run its own threads during a step: they spin on the cores
 for a while after each matmul waiting for more work (that is how OpenBLAS hides its
 wake-up cost) and the spinning thread takes the core the next NumPy call on the pool
@@ -50,12 +53,11 @@ import numpy as np
 
 from .memory import empty
 
-__all__ = ["BLOCK_BYTES", "map_rows", "map_items", "matmul", "matmuls", "add", "sum_blocks", "set_threads",
-           "get_threads", "blocks", "grid", "runs", "split_items", "blas_threads",
+__all__ = ["BLOCK_BYTES", "map_rows", "map_items", "matmul", "matmuls", "sum_blocks",
+           "set_threads", "get_threads", "blocks", "grid", "runs", "split_items", "blas_threads",
            "set_blas_threads"]
 
 BLOCK_BYTES = 128 * 1024  # per array and block: a few arrays of this fit in a 1-2 MiB L2
-ADD_SPLIT_BYTES = 256 * 1024  # below this an addition is one call: splitting would cost more
 MATMUL_SPLIT_FLOPS = 1 << 23  # below this a product is one call: splitting would cost more
 
 _threads = max(1, min(os.cpu_count() or 1, 8))
@@ -244,25 +246,6 @@ def matmuls(*pairs):
 
     map_rows(share, n, 1, blas=True, block_bytes=1)
     return outs
-
-
-def add(a, b):
-    """a + b, for two NumPy arrays of the same shape and dtype split by rows over the engine's
-    threads (the same bits: elementwise); anything else is plain `a + b`. The residual
-    stream's additions and autograd's sums of fanned-out gradients go through here."""
-    if (not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray) or a.shape != b.shape
-            or a.dtype != b.dtype or a.ndim == 0 or _threads == 1 or a.nbytes < ADD_SPLIT_BYTES
-            or not (a.flags.c_contiguous and b.flags.c_contiguous)):
-        return a + b
-    a2, b2 = a.reshape(-1, a.shape[-1]), b.reshape(-1, a.shape[-1])
-    out = empty(a2.shape, a.dtype)
-
-    def rows(lo, hi):
-        np.add(a2[lo:hi], b2[lo:hi], out=out[lo:hi])
-
-    map_rows(rows, a2.shape[0], a2.shape[1] * a.itemsize,
-             block_bytes=max(1, -(-a2.shape[0] // _threads)) * a2.shape[1] * a.itemsize)
-    return out.reshape(a.shape)
 
 
 def split_items(sizes, threads: int | None = None) -> list[tuple[int, int]]:
