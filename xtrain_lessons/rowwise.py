@@ -31,9 +31,13 @@ count. A sum over rows is not: `grid(lo, hi, row_bytes)` lists the fixed cache-s
 inside a run (the same blocks whatever the thread count), so a per-block partial sum, added
 up in row order by `sum_blocks`, is the same number with 1 or 8 threads.
 
-Matmuls: `matmul(a, b)` splits a 2-D product by rows of `a` over the same threads, with
-OpenBLAS single-threaded inside (`map_rows(..., blas=True)` does the same for any block);
-`matmuls(*pairs)` does several products in one hand-over (a linear layer's dx and dW).
+Matmuls: `matmul(a, b)` cuts a 2-D product into fixed chunks of rows (MATMUL_ROWS, the
+same for any thread count) that the threads take one by one, with OpenBLAS single-threaded
+inside (`map_rows(..., blas=True)` does the same for any block); `matmuls(*pairs)` does
+several products in one hand-over (a linear layer's dx and dW). Fixed chunks, not one band
+per thread: OpenBLAS chooses its kernel by the size of a product, and on some CPUs (AVX-512
+ones, measured) kernels for different sizes sum in different orders, so a band per thread
+would give other bits with another thread count.
 `map_items(fn, sizes)` shares out whole arrays instead of rows, for work whose bits depend
 on taking an array whole (one reduction per gradient in the global norm).
 The engine never lets OpenBLAS run its own threads during a step: they spin on the cores
@@ -53,12 +57,13 @@ import numpy as np
 
 from .memory import empty
 
-__all__ = ["BLOCK_BYTES", "map_rows", "map_items", "matmul", "matmuls", "sum_blocks",
+__all__ = ["BLOCK_BYTES", "map_rows", "map_items", "matmul", "matmuls", "matmul_chunks", "sum_blocks",
            "set_threads", "get_threads", "blocks", "grid", "runs", "split_items", "blas_threads",
            "set_blas_threads"]
 
 BLOCK_BYTES = 128 * 1024  # per array and block: a few arrays of this fit in a 1-2 MiB L2
 MATMUL_SPLIT_FLOPS = 1 << 23  # below this a product is one call: splitting would cost more
+MATMUL_ROWS = 128  # the rows of one chunk of a split product (T07 measures the cost: a few %)
 
 _threads = max(1, min(os.cpu_count() or 1, 8))
 _pool: ThreadPoolExecutor | None = None
@@ -207,45 +212,71 @@ def map_rows(fn, n_rows: int, row_bytes: int, *, like=None, blas: bool = False,
             _set_blas_only(before)
 
 
+def matmul_chunks(M: int, K: int, N: int) -> list[tuple[int, int]]:
+    """The fixed pieces (lo, hi) of the rows of an (M, K) @ (K, N) product: MATMUL_ROWS rows
+    each, or the whole product when it is too small to be worth splitting. They depend on
+    the shape only, never on the thread count."""
+    rows = M if 2 * M * K * N < MATMUL_SPLIT_FLOPS else MATMUL_ROWS
+    return [(lo, min(lo + rows, M)) for lo in range(0, M, max(1, rows))]
+
+
 def matmul(a, b, out=None):
-    """a @ b for 2-D arrays, split by rows of `a` over the engine's threads (OpenBLAS
-    single-threaded inside). Each row of the product is computed as in one whole call, so
-    the bits do not depend on the split. `a` may be a transposed view (`g.T @ x`)."""
+    """a @ b for 2-D arrays, cut into the fixed row chunks of `matmul_chunks` and spread over
+    the engine's threads (OpenBLAS single-threaded inside). `a` may be a transposed view
+    (`g.T @ x`). The same bits for any thread count."""
     if not isinstance(a, np.ndarray) or a.ndim != 2 or b.ndim != 2:
         return a @ b if out is None else np.matmul(a, b, out=out)
-    M, K = a.shape
-    N = b.shape[1]
-    if out is None:
-        out = empty((M, N), np.result_type(a, b))  # the engine allocator's when on (T11)
-    if _threads == 1 or 2 * M * K * N < MATMUL_SPLIT_FLOPS or M < 2 * _threads:
-        return np.matmul(a, b, out=out)
-
-    def rows(lo, hi):
-        np.matmul(a[lo:hi], b, out=out[lo:hi])
-
-    map_rows(rows, M, 1, blas=True, block_bytes=max(1, -(-M // _threads)))
-    return out
+    return matmuls((a, b), outs=[out])[0]
 
 
-def matmuls(*pairs):
-    """[a @ b for a, b in pairs] in ONE hand-over to the threads: thread t computes its share
-    of the rows of every product (a linear layer's backward: dx and dW together). The same
-    bits as separate calls; products too small to split run as plain calls."""
-    if (_threads == 1 or not all(isinstance(a, np.ndarray) and a.ndim == 2 and b.ndim == 2
-                                 for a, b in pairs)
-            or any(2 * a.shape[0] * a.shape[1] * b.shape[1] < MATMUL_SPLIT_FLOPS
-                   or a.shape[0] < 2 * _threads for a, b in pairs)):
-        return [matmul(a, b) for a, b in pairs]
-    outs = [empty((a.shape[0], b.shape[1]), np.result_type(a, b)) for a, b in pairs]
-    n = _threads
-
-    def share(t, _):  # "rows" t..t+1 of map_rows are the threads
-        for (a, b), out in zip(pairs, outs):
-            lo, hi = t * a.shape[0] // n, (t + 1) * a.shape[0] // n
-            np.matmul(a[lo:hi], b, out=out[lo:hi])
-
-    map_rows(share, n, 1, blas=True, block_bytes=1)
+def matmuls(*pairs, outs=None):
+    """[a @ b for a, b in pairs] in ONE hand-over to the threads (a linear layer's backward:
+    dx and dW together). Every product is cut into its fixed row chunks (`matmul_chunks`);
+    each thread takes the next chunk nobody has started, largest first, until none is left.
+    A chunk is one np.matmul call with OpenBLAS on one thread, the same call whichever thread
+    makes it, so the result does not depend on the thread count. (Cutting the rows by thread
+    count instead would not do: OpenBLAS picks its kernel by the size of the product, and
+    on some CPUs another kernel sums in another order — measured in tests/test_rowwise.py.)"""
+    outs = list(outs) if outs is not None else [None] * len(pairs)
+    if not all(isinstance(a, np.ndarray) and a.ndim == 2 and b.ndim == 2 for a, b in pairs):
+        return [a @ b if o is None else np.matmul(a, b, out=o) for (a, b), o in zip(pairs, outs)]
+    outs = [empty((a.shape[0], b.shape[1]), np.result_type(a, b)) if o is None else o  # T11
+            for (a, b), o in zip(pairs, outs)]
+    tasks = []  # (FLOPs, a rows, b, out rows)
+    for (a, b), out in zip(pairs, outs):
+        (M, K), N = a.shape, b.shape[1]
+        tasks += [(2 * (hi - lo) * K * N, a[lo:hi], b, out[lo:hi]) for lo, hi in matmul_chunks(M, K, N)]
+    tasks.sort(key=lambda t: -t[0])  # largest first: the threads finish together (stable sort)
+    before = blas_threads()
+    if before and before > 1:
+        _set_blas_only(1)
+    try:
+        if _threads == 1 or len(tasks) == 1 or getattr(_local, "worker", False):
+            for _, a, b, out in tasks:
+                np.matmul(a, b, out=out)
+        else:
+            _run_tasks([lambda a=a, b=b, out=out: np.matmul(a, b, out=out) for _, a, b, out in tasks])
+    finally:
+        if before and before > 1:
+            _set_blas_only(before)
     return outs
+
+
+def _run_tasks(tasks) -> None:
+    """Run zero-argument callables on the engine's threads; each thread takes the next task
+    nobody has started, until none is left (a dynamic schedule: tasks of unequal size)."""
+    lock, order = threading.Lock(), iter(range(len(tasks)))
+
+    def drain(_t, _):
+        while True:
+            with lock:
+                i = next(order, None)
+            if i is None:
+                return
+            tasks[i]()
+
+    n = min(_threads, len(tasks))
+    _run_spans(drain, [(t, t + 1) for t in range(n)])
 
 
 def split_items(sizes, threads: int | None = None) -> list[tuple[int, int]]:
