@@ -68,6 +68,7 @@ import numpy as np
 
 from .checkpoint import load_checkpoint, save_checkpoint
 from .autograd import array_module
+from . import rowwise
 from .optim import AdamW, clip_grad_norm, global_grad_norm
 from .schedule import lr_at
 
@@ -123,10 +124,11 @@ class TrainConfig:
     time_limit: float | None = None  # seconds of wall time; stop (with a checkpoint) when
                                      # exceeded. None or 0: no limit. `xtrain train` without
                                      # --steps/--config uses DEFAULT_RUN_TIME_LIMIT
-    threads: int = 1                # CPU threads of the engine: its matmuls and row blocks
-                                    # (rowwise.set_blas_threads; 0: as they are). The same bits
-                                    # with any count; whether 2 beat 1 depends on the machine's
-                                    # load (`xtrain bench train --threads N` measures it)
+    threads: int = 0                # CPU threads of the engine (its matmuls and row blocks,
+                                    # rowwise.set_blas_threads): N, or 0 = as the process has
+                                    # them (a new process: every core, up to 8). The same bits
+                                    # with any count (tests/test_rowwise.py); `xtrain bench
+                                    # train --threads N` measures the speed
     dtype: str = "float32"          # T12 compute dtype: "float32" or "bf16" (float32 master
                                     # weights and AdamW state either way; xtrain_lessons.amp)
 
@@ -169,7 +171,7 @@ class TrainConfig:
                      "threads", "log_every"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
-                zero = {"threads": "as they are", "log_every": "1 on the CPU, 10 on a GPU"}.get(name, "never")
+                zero = {"threads": "as the process has them", "log_every": "1 on the CPU, 10 on a GPU"}.get(name, "never")
                 raise ValueError(f"TrainConfig: {name} must be an integer >= 0 (0 = {zero}), got {v!r}")
         if not (self.max_lr >= 0 and self.min_lr >= 0):
             raise ValueError("TrainConfig: learning rates must be >= 0")
@@ -435,11 +437,12 @@ def train(cfg: TrainConfig | None = None, *, resume: str | os.PathLike | None = 
         progress = sys.stderr.isatty()
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    if cfg.threads:
+    threads = cfg.threads or _cores_per_process()
+    if threads:
         from .bench import blas_threads, set_blas_threads  # noqa: PLC0415
 
         before = blas_threads()
-        set_blas_threads(cfg.threads)
+        set_blas_threads(threads)
         try:
             return _run(cfg, run_dir, resume, conf if resume is not None else None, stop_at, progress, log, t_start)
         finally:
@@ -481,6 +484,13 @@ def _read_pending(pending):
             return good, row
         good.append(row)
     return good, None
+
+
+def _cores_per_process() -> int:
+    """Under `xtrain launch` / torchrun (LOCAL_WORLD_SIZE > 1): this process's share of the
+    cores, so that the processes do not fight over them. Otherwise 0 (threads as they are)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    return max(1, (os.cpu_count() or 1) // local) if local > 1 else 0
 
 
 def _run(cfg: TrainConfig, run_dir: Path, resume, conf, stop_at, progress, log, t_start) -> TrainResult:
@@ -605,7 +615,8 @@ def _run(cfg: TrainConfig, run_dir: Path, resume, conf, stop_at, progress, log, 
         say(f"warning: the validation split has only {n_val} tokens (< seq_len + 1); "
             f"validation is skipped in this run")
         eval_every = 0
-    say(f"run {run_dir} on {device}: {cfg.preset} model, {model.n_params() / 1e6:.2f}M parameters, "
+    on = f"{device}, {rowwise.get_threads()} thread(s)" if device == "cpu" else device
+    say(f"run {run_dir} on {on}: {cfg.preset} model, {model.n_params() / 1e6:.2f}M parameters, "
         f"vocab {mcfg.vocab_size}; {cfg.steps} steps x {cfg.batch_size} x {cfg.seq_len} tokens"
         + (f"; {n_train_tokens:,} training tokens" if n_train_tokens else "")
         + (f"; time limit {cfg.time_limit:.0f}s" if cfg.time_limit else ""))

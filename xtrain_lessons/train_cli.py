@@ -56,7 +56,9 @@ _FLAGS = [
     ("--keep-checkpoints", "keep_checkpoints", int, "how many checkpoints to keep"),
     ("--time-limit", "time_limit", float, "stop (with a checkpoint) after this many seconds (0: none; "
      "default: none, or 540 for the default schedule, i.e. without --steps or --config)"),
-    ("--threads", "threads", int, "CPU threads: NumPy BLAS and the engine's row blocks (0: the library default)"),
+    ("--threads", "threads", int, "CPU threads of the engine: its matmuls and row blocks "
+     "(default 0: every core, up to 8, shared among the processes of `xtrain launch`; the same "
+     "results with any count)"),
     ("--accum-steps", "accum_steps", int, "T16: micro-batches of --batch-size per optimizer step "
      "(gradient accumulation; under `xtrain launch` each rank takes --batch-size rows)"),
     ("--dtype", "dtype", str, "compute dtype: float32 or bf16 (T12 mixed precision: bf16 copies of "
