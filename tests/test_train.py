@@ -274,3 +274,28 @@ def test_log_every_nan_skips_the_update_on_the_device_and_stops_at_the_logging_p
 def test_log_every_rejects_negative(corpus, tmp_path):
     with pytest.raises(ValueError, match="log_every"):
         tiny_cfg(corpus, tmp_path / "x", log_every=-1).validate()
+
+
+def test_threads_default_explicit_and_under_a_launcher(corpus, tmp_path, monkeypatch):
+    """threads=0 (the default) runs on the process's threads (a new process: every core),
+    N runs on N and gives the process its setting back; under a launcher the default is this
+    process's share of the cores."""
+    from xtrain_lessons import rowwise
+
+    def header(out, **kw):
+        lines = []
+        train(tiny_cfg(corpus, tmp_path / out, steps=1, eval_every=0, sample_every=0, **kw),
+              progress=False, log=lines.append)
+        return next(line for line in lines if line.startswith("run "))
+
+    before = rowwise.get_threads()
+    assert TrainConfig().threads == 0
+    assert f"on cpu, {before} thread(s):" in header("default")
+    assert "on cpu, 3 thread(s):" in header("three", threads=3)
+    assert rowwise.get_threads() == before
+    monkeypatch.setattr(train_mod.os, "cpu_count", lambda: 6)
+    assert train_mod._cores_per_process() == 0  # not launched: threads as they are
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert train_mod._cores_per_process() == 3
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert train_mod._cores_per_process() == 1
