@@ -89,7 +89,8 @@ def test_matmul_gives_the_same_bits_for_any_thread_count(threads, shape):
     """rowwise.matmul: the same bits with 1, 2 and 3 threads, also for a transposed view on
     the left (`g.T @ x`) and whatever OpenBLAS's own thread setting was; equal to a @ b within
     float32 rounding. (Not always bit-equal to one a @ b call: measured on an AVX-512 CPU,
-    OpenBLAS's kernel for 128 rows sums in another order than its kernel for 2048 rows.)"""
+    OpenBLAS sums the rows of a 1024-row product in another order than the same rows of a
+    2048-row one.)"""
     M, K, N = shape
     rng = np.random.default_rng(0)
     a = rng.standard_normal((M, K)).astype(np.float32)

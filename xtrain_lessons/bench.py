@@ -1,6 +1,6 @@
 """Benchmarks: training throughput of the engine against PyTorch eager, and MFU.
 
-    xtrain bench train [--preset tiny] [--batch-size 16] [--seq-len 128] [--steps 3] [--rounds 2]
+    xtrain bench train [--preset tiny] [--batch-size 16] [--seq-len 128] [--steps 3] [--rounds 3]
 
 Times full training steps (forward, backward, gradient clipping, AdamW) of the engine's
 model and of an equivalent PyTorch eager model (same config, same weights, same batch and
@@ -35,14 +35,14 @@ import numpy as np
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", choices=["train"], help="what to benchmark")
-    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--preset", default="tiny", help="model preset (default: tiny, the model `xtrain train` trains)")
     parser.add_argument("--vocab-size", type=int, default=2048,
                         help="vocabulary (the default run's tokenizer size)")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=16, help="sequences per step (default: 16, as xtrain train)")
+    parser.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (default: 128, as xtrain train)")
     parser.add_argument("--steps", type=int, default=3,
                         help="timed steps per engine and round (each block starts with 1 untimed step)")
-    parser.add_argument("--rounds", type=int, default=2,
+    parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of (engine block, torch block); the median is over all timed steps")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads for both engines: NumPy's BLAS and the engine's row blocks, and "
