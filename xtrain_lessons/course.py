@@ -3,7 +3,8 @@
 Every exercise in a notebook is followed by a check cell. A check prints one line:
 
     ✅ T05.2 rmsnorm: pass (3 cases)
-    ⏳ T05.2 rmsnorm: not yet — using the package's version so the notebook can go on
+    ⏳ T05.2 rmsnorm: not yet — the exercise is not written yet
+       using the reference version so the rest of the notebook can run
     ❌ T05.2 rmsnorm: fail — case 2: max |Δ| = 0.31 at index (1, 4) (got 0.52, expected 0.83)
 
 `check_fn` compares a learner's function with a reference on a list of cases and returns
@@ -145,5 +146,5 @@ def check_fn(name: str, fn: Callable, reference: Callable, cases: Iterable[Any],
 
     if check(name, test):
         return fn
-    print("   using the package's version so the rest of the notebook can run")
+    print("   using the reference version so the rest of the notebook can run")
     return reference
