@@ -49,6 +49,7 @@ needed. One set of threads for everything, as torch has with OpenMP. On CuPy arr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -116,6 +117,20 @@ def _set_blas_only(n: int) -> bool:
     for fn in setters:
         fn(int(n))
     return bool(setters)
+
+
+@contextlib.contextmanager
+def _blas_single():
+    """OpenBLAS on one thread inside the block (the engine's threads do the splitting),
+    its own setting back afterwards."""
+    before = blas_threads()
+    if before and before > 1:
+        _set_blas_only(1)
+    try:
+        yield
+    finally:
+        if before and before > 1:
+            _set_blas_only(before)
 
 
 def set_blas_threads(n: int) -> bool:
@@ -202,14 +217,8 @@ def map_rows(fn, n_rows: int, row_bytes: int, *, like=None, blas: bool = False,
     spans = runs(n_rows, row_bytes, block_bytes)
     if len(spans) <= 1 or _threads == 1:
         return [fn(lo, hi) for lo, hi in spans]
-    before = blas_threads() if blas else None
-    if before and before > 1:
-        _set_blas_only(1)
-    try:
+    with _blas_single() if blas else contextlib.nullcontext():
         return _run_spans(fn, spans)
-    finally:
-        if before and before > 1:
-            _set_blas_only(before)
 
 
 def matmul_chunks(M: int, K: int, N: int) -> list[tuple[int, int]]:
@@ -247,18 +256,12 @@ def matmuls(*pairs, outs=None):
         (M, K), N = a.shape, b.shape[1]
         tasks += [(2 * (hi - lo) * K * N, a[lo:hi], b, out[lo:hi]) for lo, hi in matmul_chunks(M, K, N)]
     tasks.sort(key=lambda t: -t[0])  # largest first: the threads finish together (stable sort)
-    before = blas_threads()
-    if before and before > 1:
-        _set_blas_only(1)
-    try:
+    with _blas_single():
         if _threads == 1 or len(tasks) == 1 or getattr(_local, "worker", False):
             for _, a, b, out in tasks:
                 np.matmul(a, b, out=out)
         else:
             _run_tasks([lambda a=a, b=b, out=out: np.matmul(a, b, out=out) for _, a, b, out in tasks])
-    finally:
-        if before and before > 1:
-            _set_blas_only(before)
     return outs
 
 
