@@ -37,8 +37,8 @@ def main() -> None:
 
     tmp = tempfile.mkdtemp(prefix="xtrain-bench-")
     os.environ["XTRAIN_CACHE_DIR"] = tmp
-    from xtrain_lessons.cuda import Kernel
-    from xtrain_lessons.cuda import emulator
+    from xtrain_lessons.runtime.cuda import Kernel
+    from xtrain_lessons.runtime.cuda import emulator
 
     rows: list[tuple[str, str, float]] = []
     try:

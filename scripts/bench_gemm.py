@@ -1,4 +1,4 @@
-"""Benchmark the hand GEMM kernels (xtrain_lessons/kernels/gemm.cu) against BLAS / cuBLAS.
+"""Benchmark the hand GEMM kernels (xtrain_lessons/runtime/kernels/gemm.cu) against BLAS / cuBLAS.
 
     python scripts/bench_gemm.py                      # n = 64 128 256, all versions, default tiles
     python scripts/bench_gemm.py --sizes 512 1024     # bigger (use a GPU: the emulator is slow)
@@ -37,8 +37,8 @@ def main() -> int:
     parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
     args = parser.parse_args()
 
-    from xtrain_lessons import device
-    from xtrain_lessons.kernels.gemm import flops, gemm, gemm_reference, gemm_tolerance
+    from xtrain_lessons.runtime import device
+    from xtrain_lessons.runtime.kernels.gemm import flops, gemm, gemm_reference, gemm_tolerance
 
     device.set_device(args.device)
     xp = device.get_xp()

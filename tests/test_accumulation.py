@@ -4,9 +4,9 @@ parallelism the gradients are all-reduced only at the accumulation boundary."""
 import numpy as np
 import pytest
 
-from xtrain_lessons.ddp import DDP, accumulate_gradients, micro_batches, shard
-from xtrain_lessons.model import PRESETS, Model
-from xtrain_lessons.recompute import saved_bytes
+from xtrain_lessons.parallel.ddp import DDP, accumulate_gradients, micro_batches, shard
+from xtrain_lessons.model.qwen3 import PRESETS, Model
+from xtrain_lessons.model.recompute import saved_bytes
 
 CFG = PRESETS["test"]
 
@@ -84,7 +84,8 @@ def test_all_reduce_only_at_the_boundary(N):
 
 
 def test_train_accum_steps_equals_big_batch(tmp_path):
-    from xtrain_lessons.train import TrainConfig, train
+    from xtrain_lessons.training.config import TrainConfig
+    from xtrain_lessons.training.loop import train
 
     text = tmp_path / "t.txt"
     text.write_text(("Once upon a time there was a cat. It liked milk.\n<|endoftext|>\n"

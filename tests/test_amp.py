@@ -12,13 +12,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from xtrain_lessons import amp
-from xtrain_lessons.autograd import Tensor
-from xtrain_lessons.model import Model, PRESETS
-from xtrain_lessons.nn import causal_attention, linear, rope, rope_tables, swiglu
-from xtrain_lessons import ops
-from xtrain_lessons.optim import AdamW
-from xtrain_lessons.recompute import saved_bytes
+from xtrain_lessons.model import precision
+from xtrain_lessons.autograd.tensor import Tensor
+from xtrain_lessons.model.qwen3 import Model, PRESETS
+from xtrain_lessons.model.layers import causal_attention, linear, rope, rope_tables, swiglu
+from xtrain_lessons.autograd import ops
+from xtrain_lessons.training.optim import AdamW
+from xtrain_lessons.model.recompute import saved_bytes
 
 from test_kernels_bf16 import hard_values  # noqa: E402  (tests/ is on sys.path under pytest)
 from test_train import small_corpus  # noqa: E402
@@ -30,26 +30,26 @@ U = 2.0 ** -8  # bf16 relative precision (one ulp at the bottom of a binade)
 def test_rounding_bit_identical_to_torch_and_ml_dtypes():
     torch = pytest.importorskip("torch")
     x = hard_values()
-    ours = amp.bf16_bits(x)
+    ours = precision.bf16_bits(x)
     theirs = torch.from_numpy(x.copy()).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     nan = np.isnan(x)
     np.testing.assert_array_equal(ours[~nan], theirs[~nan])
     # NaN -> NaN everywhere; the bit pattern is the library's own (ml_dtypes sign|0x7FC0)
-    assert np.isnan(amp.to_bf16(x[nan]).astype(np.float32)).all()
+    assert np.isnan(precision.to_bf16(x[nan]).astype(np.float32)).all()
     assert np.isnan(torch.from_numpy(x[nan].copy()).to(torch.bfloat16).float().numpy()).all()
     # ties go to even, infinities and the overflow of the largest finite values
     tie = np.array([1 + 2**-8, 1 + 3 * 2**-8, 3.4028235e38, -np.inf], np.float32)
-    assert amp.to_bf16(tie).astype(np.float32).tolist() == [1.0, 1 + 2**-6, np.inf, -np.inf]
-    assert amp.to_f32(amp.to_bf16(x[~nan])).dtype == np.float32
+    assert precision.to_bf16(tie).astype(np.float32).tolist() == [1.0, 1 + 2**-6, np.inf, -np.inf]
+    assert precision.to_f32(precision.to_bf16(x[~nan])).dtype == np.float32
 
 
 def test_an_update_below_half_an_ulp_vanishes_without_a_master():
-    w16 = amp.to_bf16(np.ones(1, np.float32))
+    w16 = precision.to_bf16(np.ones(1, np.float32))
     master = np.ones(1, np.float32)
     for _ in range(100):
-        w16 = amp.to_bf16(amp.to_f32(w16) - np.float32(1e-3))  # half an ulp of 1 is 2^-8 > 1e-3
+        w16 = precision.to_bf16(precision.to_f32(w16) - np.float32(1e-3))  # half an ulp of 1 is 2^-8 > 1e-3
         master -= np.float32(1e-3)
-    assert amp.to_f32(w16)[0] == 1.0
+    assert precision.to_f32(w16)[0] == 1.0
     assert abs(master[0] - 0.9) < 1e-5
 
 
@@ -72,11 +72,11 @@ def test_bf16_op_matches_float32_op_on_bf16_inputs(op):
     B, T, H, Hkv, D = 2, 6, 4, 2, 8
     cos, sin = rope_tables(T, D, 10000.0)
     table = {
-        "linear": (amp.linear, linear, [(B, T, 16), (12, 16)]),
-        "rmsnorm": (lambda x, w: amp.rmsnorm(x, w), lambda x, w: ops.rmsnorm(x, w), [(B, T, 16), (16,)]),
-        "rope": (lambda x: amp.rope(x, cos, sin), lambda x: rope(x, cos, sin), [(B, T, H, D)]),
-        "attention": (amp.causal_attention, causal_attention, [(B, T, H, D), (B, T, Hkv, D), (B, T, Hkv, D)]),
-        "swiglu": (amp.swiglu, swiglu, [(B, T, 16), (B, T, 16)]),
+        "linear": (precision.linear, linear, [(B, T, 16), (12, 16)]),
+        "rmsnorm": (lambda x, w: precision.rmsnorm(x, w), lambda x, w: ops.rmsnorm(x, w), [(B, T, 16), (16,)]),
+        "rope": (lambda x: precision.rope(x, cos, sin), lambda x: rope(x, cos, sin), [(B, T, H, D)]),
+        "attention": (precision.causal_attention, causal_attention, [(B, T, H, D), (B, T, Hkv, D), (B, T, Hkv, D)]),
+        "swiglu": (precision.swiglu, swiglu, [(B, T, 16), (B, T, 16)]),
     }
     f16, f32, shapes = table[op]
     xs = [_bf16_values(rng, s) for s in shapes]
@@ -88,7 +88,7 @@ def test_bf16_op_matches_float32_op_on_bf16_inputs(op):
     y32.backward(g.astype(np.float32))
     ts16 = [Tensor(a, requires_grad=True) for a in xs]
     y16 = f16(*ts16)
-    assert y16.dtype == amp.BF16
+    assert y16.dtype == precision.BF16
     y16.backward(g)
     _close(y16.data.astype(np.float32), y32.data, 2 * U)
     for t16, t32 in zip(ts16, ts32):
@@ -102,7 +102,7 @@ def test_cross_entropy_is_float32_and_matches():
     t = rng.integers(0, 40, (3, 5))
     t[0, 0] = -100
     a, b = Tensor(z, requires_grad=True), Tensor(z.astype(np.float32), requires_grad=True)
-    la, lb = amp.cross_entropy(a, t), ops.cross_entropy(b, t)
+    la, lb = precision.cross_entropy(a, t), ops.cross_entropy(b, t)
     assert la.dtype == np.float32
     assert abs(float(la) - float(lb)) < 1e-6 * abs(float(lb))  # computed in float32 from the same values
     la.backward(); lb.backward()
@@ -111,8 +111,8 @@ def test_cross_entropy_is_float32_and_matches():
 
 def test_cast_sends_float32_grads_to_the_master():
     w = Tensor(np.random.default_rng(2).standard_normal((4, 3)).astype(np.float32), requires_grad=True)
-    w16 = amp.cast(w)
-    assert w16.dtype == amp.BF16 and w16.op == "to_bf16"
+    w16 = precision.cast(w)
+    assert w16.dtype == precision.BF16 and w16.op == "to_bf16"
     np.testing.assert_array_equal(w16.data, w.data.astype(ml_dtypes.bfloat16))
     (w16 * 2.0).sum().backward()
     assert w.grad.dtype == np.float32 and (w.grad == 2).all()
@@ -142,7 +142,7 @@ def test_bf16_model_tracks_float32(changes):
     l32, g32, _, _ = _loss_and_grads(m, ids, tg, "float32")
     m.dropout_step = 0
     l16, g16, _, loss = _loss_and_grads(m, ids, tg, "bf16")
-    assert loss.dtype == np.float32 and m(ids).dtype == amp.BF16
+    assert loss.dtype == np.float32 and m(ids).dtype == precision.BF16
     assert abs(l16 - l32) < 2 * U * abs(l32)
     for k in g32:
         assert g16[k].dtype == np.float32, k  # gradients land in the float32 masters
@@ -153,7 +153,7 @@ def test_weights_cast_once_per_forward_and_recompute_is_bit_identical():
     m, ids, tg = _model_and_batch()
     m.compute_dtype = "bf16"
     loss = m.loss(ids, tg)
-    from xtrain_lessons.recompute import graph_nodes
+    from xtrain_lessons.model.recompute import graph_nodes
     casts = [t for t in graph_nodes(loss) if t.op == "to_bf16"]
     n_matmul = sum(1 for k, p in m.params.items() if p.ndim == 2 and "embed" not in k)
     assert len(casts) == n_matmul == 2 * 7 + 1
@@ -198,7 +198,7 @@ def test_flash_attention_with_bf16_is_refused():
 
 # ------------------------------------------------------------------ training
 def test_train_dtype_field_and_validation():
-    from xtrain_lessons.train import TrainConfig
+    from xtrain_lessons.training.config import TrainConfig
     assert TrainConfig().dtype == "float32"
     assert TrainConfig(dtype="bf16").validate().dtype == "bf16"
     with pytest.raises(ValueError, match="dtype"):
@@ -212,7 +212,8 @@ def test_bf16_loss_curve_tracks_float32(tmp_path):
     per step at most, 6e-5 on the mean of the last 10. (At 1e-2 this small model is chaotic:
     moving ONE float32 weight by one ulp already moved the curve by 2.9%, bf16 by 8%.)
     Tolerances: 2^-6 per step (4 bf16 ulps), 2^-8 on the last-10 mean."""
-    from xtrain_lessons.train import TrainConfig, train
+    from xtrain_lessons.training.config import TrainConfig
+    from xtrain_lessons.training.loop import train
     corpus = small_corpus(tmp_path / "c.txt")
     losses = {}
     for dt in ("float32", "bf16"):
@@ -230,20 +231,20 @@ def test_bf16_loss_curve_tracks_float32(tmp_path):
 
 
 def test_cli_dtype_flag(tmp_path, capsys):
-    from xtrain_lessons import cli
+    from xtrain_lessons.cli import main
     corpus = small_corpus(tmp_path / "c.txt")
     run = tmp_path / "run"
     flags = ["--preset", "test", "--vocab-size", "300", "--steps", "4", "--batch-size", "2",
              "--seq-len", "16", "--eval-every", "2", "--eval-batches", "1", "--sample-every", "0",
              "--sample-tokens", "4", "--no-progress", "--no-export"]
-    assert cli.main(["train", "--data", str(corpus), "--out", str(run), "--dtype", "bf16", *flags]) == 0
+    assert main.main(["train", "--data", str(corpus), "--out", str(run), "--dtype", "bf16", *flags]) == 0
     import json
     assert json.loads((run / "config.json").read_text())["train"]["dtype"] == "bf16"
     # the checkpoint holds float32 masters and AdamW state: a bf16 run resumes in float32
-    assert cli.main(["train", "--resume", str(run), "--dtype", "float32", "--steps", "6",
+    assert main.main(["train", "--resume", str(run), "--dtype", "float32", "--steps", "6",
                      "--no-progress", "--no-export"]) == 0
     assert json.loads((run / "config.json").read_text())["train"]["dtype"] == "float32"
     assert json.loads((run / "summary.json").read_text())["step"] == 6
-    assert cli.main(["train", "--data", str(corpus), "--out", str(tmp_path / "bad"),
+    assert main.main(["train", "--data", str(corpus), "--out", str(tmp_path / "bad"),
                      "--dtype", "fp8", *flags]) == 2
     assert "dtype" in capsys.readouterr().err

@@ -3,9 +3,17 @@
 import numpy as np
 import pytest
 
-from xtrain_lessons import ops
-from xtrain_lessons.autograd import (Tensor, array_module, is_grad_enabled, make_node,
-                                     no_grad, enable_grad, tensor, unbroadcast)
+from xtrain_lessons.autograd import ops
+from xtrain_lessons.autograd.tensor import (
+    Tensor,
+    array_module,
+    is_grad_enabled,
+    make_node,
+    no_grad,
+    enable_grad,
+    tensor,
+    unbroadcast,
+)
 
 
 def test_tensor_attributes():

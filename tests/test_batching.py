@@ -3,9 +3,15 @@
 import numpy as np
 import pytest
 
-from xtrain_lessons.batching import (forward_loop, forward_ragged, loss_ragged, mask_targets,
-                                     pad_batch, ragged_batch)
-from xtrain_lessons.model import PRESETS, Model
+from xtrain_lessons.model.batching import (
+    forward_loop,
+    forward_ragged,
+    loss_ragged,
+    mask_targets,
+    pad_batch,
+    ragged_batch,
+)
+from xtrain_lessons.model.qwen3 import PRESETS, Model
 
 CFG = PRESETS["test"]
 

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from xtrain_lessons import checkpoint as ck
-from xtrain_lessons.checkpoint import (
+from xtrain_lessons.training import checkpoint as ck
+from xtrain_lessons.training.checkpoint import (
     CheckpointCorruptError,
     CheckpointMismatchError,
     CheckpointNotFoundError,
@@ -17,9 +17,9 @@ from xtrain_lessons.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from xtrain_lessons.model import PRESETS, Model
-from xtrain_lessons.optim import AdamW, clip_grad_norm
-from xtrain_lessons.schedule import lr_at
+from xtrain_lessons.model.qwen3 import PRESETS, Model
+from xtrain_lessons.training.optim import AdamW, clip_grad_norm
+from xtrain_lessons.training.schedule import lr_at
 
 CFG = PRESETS["test"]
 

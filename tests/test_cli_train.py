@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from xtrain_lessons import cli
+from xtrain_lessons.cli import main
 
 from test_train import small_corpus  # noqa: E402  (tests/ is on sys.path under pytest)
 
@@ -32,7 +32,7 @@ def _final_weights(run: Path) -> dict:
 def test_train_resume_sample(corpus, tmp_path, capsys):
     run = tmp_path / "run"
     with_check = [f for f in FLAGS if f != "--no-hf-check"]
-    assert cli.main(["train", "--data", str(corpus), "--out", str(run), *with_check]) == 0
+    assert main.main(["train", "--data", str(corpus), "--out", str(run), *with_check]) == 0
     out = capsys.readouterr().out
     assert "summary: done at step 10/10" in out and "sample @ 5" in out
     assert (run / "hf" / "config.json").exists() and (run / "hf" / "model.safetensors").exists()
@@ -56,21 +56,21 @@ def test_train_resume_sample(corpus, tmp_path, capsys):
 
     # stop after 4 steps, resume from the command line: the same weights as the straight run
     run2 = tmp_path / "run2"
-    assert cli.main(["train", "--data", str(corpus), "--out", str(run2), *FLAGS, "--stop-at", "4"]) == 0
+    assert main.main(["train", "--data", str(corpus), "--out", str(run2), *FLAGS, "--stop-at", "4"]) == 0
     assert (run2 / "checkpoints" / "latest").read_text().strip() == "step_00000004"
-    assert cli.main(["train", "--resume", str(run2), "--no-progress"]) == 0
+    assert main.main(["train", "--resume", str(run2), "--no-progress"]) == 0
     a, b = _final_weights(run), _final_weights(run2)
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     capsys.readouterr()
 
-    assert cli.main(["sample", str(run), "--prompt", "Once upon a time", "--max-new-tokens", "12",
+    assert main.main(["sample", str(run), "--prompt", "Once upon a time", "--max-new-tokens", "12",
                      "--seed", "1"]) == 0
     text1 = capsys.readouterr().out
     assert text1.startswith("Once upon a time") and len(text1.strip()) > len("Once upon a time")
-    assert cli.main(["sample", str(run), "--prompt", "Once upon a time", "--max-new-tokens", "12",
+    assert main.main(["sample", str(run), "--prompt", "Once upon a time", "--max-new-tokens", "12",
                      "--seed", "1"]) == 0
     assert capsys.readouterr().out == text1  # seeded: reproducible
-    assert cli.main(["sample", str(tmp_path / "missing")]) == 2
+    assert main.main(["sample", str(tmp_path / "missing")]) == 2
 
 
 def test_config_file_and_flag_priority(corpus, tmp_path):
@@ -78,15 +78,15 @@ def test_config_file_and_flag_priority(corpus, tmp_path):
     cfg.write_text(f'preset = "test"\ndata = "{corpus}"\nsteps = 3\nbatch_size = 2\nseq_len = 8\n'
                    f'vocab_size = 280\neval_every = 0\nsample_every = 0\nsample_tokens = 0\n')
     run = tmp_path / "r"
-    assert cli.main(["train", "--config", str(cfg), "--out", str(run), "--steps", "2", "--no-progress"]) == 0
+    assert main.main(["train", "--config", str(cfg), "--out", str(run), "--steps", "2", "--no-progress"]) == 0
     conf = json.loads((run / "config.json").read_text())["train"]
     assert (conf["steps"], conf["batch_size"], conf["seq_len"]) == (2, 2, 8)  # the flag wins over the file
-    assert cli.main(["train", "--config", str(tmp_path / "nope.toml")]) == 2
+    assert main.main(["train", "--config", str(tmp_path / "nope.toml")]) == 2
 
 
 def test_nan_stops_with_message_and_exit_code(corpus, tmp_path, capsys, monkeypatch):
-    from xtrain_lessons.autograd import Tensor
-    from xtrain_lessons.model import Model
+    from xtrain_lessons.autograd.tensor import Tensor
+    from xtrain_lessons.model.qwen3 import Model
 
     real = Model.loss
     calls = {"n": 0}
@@ -102,7 +102,7 @@ def test_nan_stops_with_message_and_exit_code(corpus, tmp_path, capsys, monkeypa
     flags = [f for f in FLAGS]
     flags[flags.index("--eval-every") + 1] = "0"
     flags[flags.index("--checkpoint-every") + 1] = "2"
-    assert cli.main(["train", "--data", str(corpus), "--out", str(run), *flags]) == 1
+    assert main.main(["train", "--data", str(corpus), "--out", str(run), *flags]) == 1
     out = capsys.readouterr().out
     assert "TRAINING STOPPED" in out and "inf" in out
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_00000002"
@@ -110,12 +110,12 @@ def test_nan_stops_with_message_and_exit_code(corpus, tmp_path, capsys, monkeypa
 
 
 def test_bench_train_runs(capsys):
-    assert cli.main(["bench", "train", "--preset", "test", "--vocab-size", "64", "--batch-size", "2",
+    assert main.main(["bench", "train", "--preset", "test", "--vocab-size", "64", "--batch-size", "2",
                      "--seq-len", "16", "--steps", "1", "--peak-n", "256"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("throughput vs torch: ") and "MFU" in last
-    from xtrain_lessons.bench import train_flops_per_token
-    from xtrain_lessons.model import PRESETS
+    from xtrain_lessons.measure.bench import train_flops_per_token
+    from xtrain_lessons.model.qwen3 import PRESETS
 
     c = PRESETS["test"]
     n_matmul = c.n_params() - c.vocab_size * c.dim - c.dim - c.n_layers * (2 * c.dim + 2 * c.head_dim)
@@ -123,12 +123,12 @@ def test_bench_train_runs(capsys):
 
 
 def test_bench_rounds_and_bad_counts(capsys):
-    assert cli.main(["bench", "train", "--preset", "test", "--vocab-size", "64", "--batch-size", "2",
+    assert main.main(["bench", "train", "--preset", "test", "--vocab-size", "64", "--batch-size", "2",
                      "--seq-len", "8", "--steps", "2", "--rounds", "2", "--peak-n", "128",
                      "--no-torch"]) == 0
     assert "2 rounds x 2 timed steps" in capsys.readouterr().out
     for bad in (["--steps", "0"], ["--rounds", "0"]):
-        assert cli.main(["bench", "train", "--preset", "test", "--vocab-size", "64", *bad]) == 2
+        assert main.main(["bench", "train", "--preset", "test", "--vocab-size", "64", *bad]) == 2
         assert "must be at least 1" in capsys.readouterr().out
 
 
@@ -136,7 +136,7 @@ def test_bench_without_torch_is_graceful(capsys, monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
-    assert cli.main(["bench", "train", "--preset", "test", "--vocab-size", "64", "--batch-size", "2",
+    assert main.main(["bench", "train", "--preset", "test", "--vocab-size", "64", "--batch-size", "2",
                      "--seq-len", "8", "--steps", "1", "--peak-n", "128"]) == 0
     out = capsys.readouterr().out
     assert "torch is not installed" in out
@@ -147,7 +147,7 @@ def test_default_schedule_gets_the_time_limit(monkeypatch):
     """`xtrain train` alone is promised to fit in 10 minutes; a run with --steps is not cut."""
     import types
 
-    import xtrain_lessons.train as train_mod
+    import xtrain_lessons.cli.train as train_mod
 
     seen = []
 
@@ -156,9 +156,9 @@ def test_default_schedule_gets_the_time_limit(monkeypatch):
         return types.SimpleNamespace(status="done", step=0)
 
     monkeypatch.setattr(train_mod, "train", fake_train)
-    assert cli.main(["train", "--no-progress"]) == 0
+    assert main.main(["train", "--no-progress"]) == 0
     assert seen[-1]["time_limit"] == train_mod.DEFAULT_RUN_TIME_LIMIT
-    assert cli.main(["train", "--steps", "5000", "--no-progress"]) == 0
+    assert main.main(["train", "--steps", "5000", "--no-progress"]) == 0
     assert "time_limit" not in seen[-1]
-    assert cli.main(["train", "--time-limit", "60", "--no-progress"]) == 0
+    assert main.main(["train", "--time-limit", "60", "--no-progress"]) == 0
     assert seen[-1]["time_limit"] == 60

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from xtrain_lessons.course import Mismatch, NotYet, assert_close, check, check_fn, require_solved
+from xtrain_lessons.course.checks import Mismatch, NotYet, assert_close, check, check_fn, require_solved
 
 
 def ref(x):

@@ -14,9 +14,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from xtrain_lessons.cuda import CompileError, Kernel, KernelError, selftest
-from xtrain_lessons.cuda import emulator
-from xtrain_lessons.kernels.vector_add import vector_add, vector_add_reference
+from xtrain_lessons.runtime.cuda import CompileError, Kernel, KernelError, selftest, emulator
+from xtrain_lessons.runtime.kernels.vector_add import vector_add, vector_add_reference
 
 KERNELS = Path(__file__).parent / "cuda_kernels"
 _cache: dict = {}
@@ -48,7 +47,7 @@ def test_vector_add_partial_last_block(n):
 
 
 def test_vector_add_does_not_write_past_the_end():
-    k = kernel("../../xtrain_lessons/kernels/vector_add.cu", "vector_add")
+    k = kernel("../../xtrain_lessons/runtime/kernels/vector_add.cu", "vector_add")
     a, b = np.ones(1000, np.float32), np.ones(1000, np.float32)
     c = np.full(1024, -7.0, np.float32)
     k((4,), (256,), (a, b, c, np.int32(1000)))
@@ -227,7 +226,7 @@ def test_emulator_still_works_after_errors():
 
 # ------------------------------------------------------------------ arguments
 def test_mistyped_arguments_raise():
-    k = kernel("../../xtrain_lessons/kernels/vector_add.cu", "vector_add")
+    k = kernel("../../xtrain_lessons/runtime/kernels/vector_add.cu", "vector_add")
     a = np.ones(8, np.float32)
     assert k.signature == "const float*, const float*, float*, int"
     with pytest.raises(TypeError, match=r"argument 1 \(const float\*\).*float64"):
@@ -286,7 +285,7 @@ def test_unsupported_shared_declaration_is_a_compile_error(tmp_cache):
 
 def test_unknown_kernel_name():
     with pytest.raises(CompileError, match=r"no __global__ function named 'nope'.*found: vector_add"):
-        Kernel(KERNELS.parent.parent / "xtrain_lessons" / "kernels" / "vector_add.cu", "nope", backend="cpu")
+        Kernel(KERNELS.parent.parent / "xtrain_lessons" / "runtime" / "kernels" / "vector_add.cu", "nope", backend="cpu")
 
 
 def test_compiled_library_is_cached(tmp_cache, monkeypatch):
@@ -339,7 +338,7 @@ def test_file_scope_shared_is_refused():
 
 
 def test_load_kernel_is_cached_per_process():
-    from xtrain_lessons.cuda import load_kernel
+    from xtrain_lessons.runtime.cuda import load_kernel
     k = load_kernel("vector_add.cu", "vector_add", backend="cpu")
     assert load_kernel("vector_add.cu", "vector_add", backend="cpu") is k
     assert k.backend == "cpu" and k.filename.endswith("vector_add.cu")

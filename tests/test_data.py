@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from xtrain_lessons import data as D
-from xtrain_lessons.tokenizer import EOT, decode, encode, train_tokenizer_from_text
+from xtrain_lessons.training import data as D
+from xtrain_lessons.training.tokenizer import EOT, decode, encode, train_tokenizer_from_text
 
 DOCS = [f"Story {i}: {name} found a {thing} and was happy. The end number {i}."
         for i, (name, thing) in enumerate(

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from xtrain_lessons import data_cli
-from xtrain_lessons.data_cli import FetchError, download, fetch, to_eot_lines
-from xtrain_lessons.tokenizer import EOT
+from xtrain_lessons.cli import data as data_cli
+from xtrain_lessons.training.fetch import FetchError, download, fetch, to_eot_lines
+from xtrain_lessons.training.tokenizer import EOT
 
 # TinyStories' own layout: stories separated by <|endoftext|> lines (with ragged whitespace).
 BODY = (f"Once upon a time there was a cat.\nThe cat was happy.\n{EOT}\n"
@@ -144,7 +144,7 @@ def test_cli_errors(tmp_path, capsys):
 
 
 def test_registered_in_the_xtrain_command():
-    from xtrain_lessons.cli import SUBCOMMANDS
+    from xtrain_lessons.cli.main import SUBCOMMANDS
 
-    assert ("data", "xtrain_lessons.data_cli") in SUBCOMMANDS
+    assert ("data", "xtrain_lessons.cli.data") in SUBCOMMANDS
     assert data_cli.__doc__.strip().splitlines()[0]

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from xtrain_lessons import device
+from xtrain_lessons.runtime import device
 
 
 @pytest.fixture(autouse=True)
@@ -72,6 +72,6 @@ def test_timer_measures_wall_time():
 
 
 def test_import_does_not_import_cupy():
-    code = ("import sys, xtrain_lessons.device, xtrain_lessons.cuda, xtrain_lessons.kernels.vector_add; "
+    code = ("import sys, xtrain_lessons.runtime.device, xtrain_lessons.runtime.cuda, xtrain_lessons.runtime.kernels.vector_add; "
             "assert 'cupy' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)

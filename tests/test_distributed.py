@@ -1,7 +1,7 @@
 """T08: the collective layer, the hand ring all-reduce and DDP, on CPU with gloo.
 
 Multi-process tests start real workers with `xtrain launch` (127.0.0.1, a free port, bounded
-by --max-time); the workers are the experiments of `python -m xtrain_lessons.ddp`."""
+by --max-time); the workers are the experiments of `python -m xtrain_lessons.measure.ddp_experiments`."""
 
 import subprocess
 import sys
@@ -9,14 +9,14 @@ import sys
 import numpy as np
 import pytest
 
-from xtrain_lessons import distributed
-from xtrain_lessons.ddp import load_result
-from xtrain_lessons.ring import chunk_bounds, ring_schedule, simulate_ring_all_reduce
+from xtrain_lessons.parallel import collectives
+from xtrain_lessons.measure.ddp_experiments import load_result
+from xtrain_lessons.parallel.ring import chunk_bounds, ring_schedule, simulate_ring_all_reduce
 
 
 def launch(nproc, *args, timeout=90):
-    cmd = [sys.executable, "-m", "xtrain_lessons.cli", "launch", "--nproc", str(nproc), "--max-time", "80",
-           "--", sys.executable, "-m", "xtrain_lessons.ddp", *map(str, args)]
+    cmd = [sys.executable, "-m", "xtrain_lessons.cli.main", "launch", "--nproc", str(nproc), "--max-time", "80",
+           "--", sys.executable, "-m", "xtrain_lessons.measure.ddp_experiments", *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
@@ -44,18 +44,18 @@ def test_schedule_each_rank_ends_owning_one_chunk():
 
 def test_env_rank_config():
     env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1234"}
-    assert distributed.env_rank_config(env) == {"rank": 1, "world_size": 2, "local_rank": 1,
+    assert collectives.env_rank_config(env) == {"rank": 1, "world_size": 2, "local_rank": 1,
                                                 "master_addr": "127.0.0.1", "master_port": 1234}
-    assert distributed.env_rank_config({}) is None
+    assert collectives.env_rank_config({}) is None
     with pytest.raises(ValueError, match="MASTER_PORT"):
-        distributed.env_rank_config({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"})
+        collectives.env_rank_config({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"})
     with pytest.raises(ValueError, match="RANK=2"):
-        distributed.env_rank_config({**env, "RANK": "2"})
+        collectives.env_rank_config({**env, "RANK": "2"})
 
 
 def test_collective_without_group_is_a_clear_error():
-    with pytest.raises(distributed.DistributedError, match="init"):
-        distributed.all_reduce(np.zeros(3, np.float32))
+    with pytest.raises(collectives.DistributedError, match="init"):
+        collectives.all_reduce(np.zeros(3, np.float32))
 
 
 # ----- real processes -------------------------------------------------------------------------
@@ -79,7 +79,7 @@ def equivalence(tmp_path_factory):
     d = tmp_path_factory.mktemp("ddp")
     p2 = launch(2, "equiv", "--steps", 5, "--batch", 2, "--out", d / "w2.npz")
     assert p2.returncode == 0, p2.stderr[-3000:]
-    p1 = subprocess.run([sys.executable, "-m", "xtrain_lessons.ddp", "equiv", "--steps", "5", "--batch", "4",
+    p1 = subprocess.run([sys.executable, "-m", "xtrain_lessons.measure.ddp_experiments", "equiv", "--steps", "5", "--batch", "4",
                          "--out", str(d / "w1.npz")], capture_output=True, text=True, timeout=60)
     assert p1.returncode == 0, p1.stderr[-3000:]
     return load_result(d / "w2.npz"), load_result(d / "w1.npz")
@@ -109,12 +109,12 @@ def test_a_hung_peer_is_a_timeout_not_a_hang(tmp_path):
     script = tmp_path / "hang.py"
     script.write_text(
         "import time, numpy as np\n"
-        "from xtrain_lessons import distributed as d\n"
+        "from xtrain_lessons.parallel import collectives as d\n"
         "d.init_from_env(timeout=3)\n"
         "if d.rank() == 1:\n"
         "    time.sleep(120)\n"
         "d.all_reduce(np.ones(4, np.float32))\n")
-    cmd = [sys.executable, "-m", "xtrain_lessons.cli", "launch", "--nproc", "2", "--grace", "2", "--max-time", "60",
+    cmd = [sys.executable, "-m", "xtrain_lessons.cli.main", "launch", "--nproc", "2", "--grace", "2", "--max-time", "60",
            "--", sys.executable, str(script)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
     assert p.returncode != 0

@@ -2,7 +2,7 @@
 
 import shutil
 
-from xtrain_lessons import doctor
+from xtrain_lessons.course import doctor
 
 
 def _by_name(findings):

@@ -7,12 +7,12 @@ exactly the mask the forward used, so every claim of equality here is bit for bi
 import numpy as np
 import pytest
 
-from xtrain_lessons.autograd import Tensor, no_grad
-from xtrain_lessons.dropout import dropout, dropout_scale, keep_mask
-from xtrain_lessons.gradcheck import gradcheck
-from xtrain_lessons.model import PRESETS, Config, Model
-from xtrain_lessons.recompute import checkpoint, saved_bytes
-from xtrain_lessons.rng import uniform
+from xtrain_lessons.autograd.tensor import Tensor, no_grad
+from xtrain_lessons.model.dropout import dropout, dropout_scale, keep_mask
+from xtrain_lessons.autograd.gradcheck import gradcheck
+from xtrain_lessons.model.qwen3 import PRESETS, Config, Model
+from xtrain_lessons.model.recompute import checkpoint, saved_bytes
+from xtrain_lessons.runtime.rng import uniform
 
 
 def _x(shape=(4, 5, 6), seed=0, dtype=np.float32):

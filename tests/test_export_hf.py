@@ -19,9 +19,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xtrain_lessons.export import (ExportError, closed_loop_check, config_from_hf, export_hf,
-                                   hf_config, hf_tensor_names, import_hf, load_run, save_run)
-from xtrain_lessons.model import Config, Model
+from xtrain_lessons.interop.hf import (
+    ExportError,
+    closed_loop_check,
+    config_from_hf,
+    export_hf,
+    hf_config,
+    hf_tensor_names,
+    import_hf,
+)
+from xtrain_lessons.training.rundir import load_run, save_run
+from xtrain_lessons.model.qwen3 import Config, Model
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "stories.txt"
 FALLBACK = ("Once upon a time there was a little girl named Lily. She liked to play in the park "
@@ -46,7 +54,7 @@ def _story_text() -> str:
 
 @pytest.fixture(scope="module")
 def tok():
-    from xtrain_lessons.tokenizer import train_tokenizer_from_text
+    from xtrain_lessons.training.tokenizer import train_tokenizer_from_text
 
     return train_tokenizer_from_text(_story_text(), vocab_size=512)
 
@@ -211,7 +219,7 @@ def test_bf16_import_is_the_rounded_weights(exported, model):
 
 def test_bf16_import_in_a_fresh_process(exported, model):
     """Reading BF16 needs numpy to know "bfloat16" (ml_dtypes): import_hf must see to it."""
-    code = ("import sys, numpy as np; from xtrain_lessons.export import import_hf; "
+    code = ("import sys, numpy as np; from xtrain_lessons.interop.hf import import_hf; "
             "m, _ = import_hf(sys.argv[1]); print(m.state_dict()['lm_head.weight'].dtype)")
     res = subprocess.run([sys.executable, "-c", code, str(exported[1])], capture_output=True, text=True)
     assert res.returncode == 0 and res.stdout.strip() == "float32", res.stderr[-2000:]
@@ -248,7 +256,7 @@ def test_import_a_folder_saved_by_transformers(hf, tmp_path, exported):
     ours, _ = import_hf(tmp_path / "q")
     assert (ours.config.rope_theta, ours.config.n_kv_heads, ours.config.ffn_dim) == (1e6, 2, 96)
     ids = np.random.default_rng(0).integers(0, 300, (1, 50))
-    from xtrain_lessons.autograd import no_grad
+    from xtrain_lessons.autograd.tensor import no_grad
 
     with no_grad():
         a = ours(ids).numpy()
@@ -304,7 +312,7 @@ def test_qk_norm_off_is_refused(tmp_path, tok):
 
 def test_qk_norm_with_unit_weights_is_not_the_identity(tok):
     """Why qk_norm=False is refused rather than exported with q_norm = k_norm = ones."""
-    from xtrain_lessons.autograd import no_grad
+    from xtrain_lessons.autograd.tensor import no_grad
 
     plain = make_model(tok.get_vocab_size(), qk_norm=False, scale=1.0)
     normed = Model(plain.config.replace(qk_norm=True), seed=0)
@@ -338,27 +346,28 @@ def test_bad_dtype(tmp_path, model, tok):
 # ----- run directories and the CLI -------------------------------------------------------
 
 def test_cli_export_and_import_round_trip(tmp_path, model, tok, capsys):
-    from xtrain_lessons import cli
+    from xtrain_lessons.cli import main
 
     run = tmp_path / "run"
     save_run(model, tok, run, step=7)
-    assert cli.main(["export", str(run), "--out", str(tmp_path / "hf")]) == 0
+    assert main.main(["export", str(run), "--out", str(tmp_path / "hf")]) == 0
     assert "25 tensors" in capsys.readouterr().out  # embed + 11 per layer x 2 + norm + lm_head
-    assert cli.main(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run2")]) == 0
+    assert main.main(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run2")]) == 0
     m2, t2, ckpt = load_run(tmp_path / "run2")
-    assert ckpt.name == "step_00000000"
+    assert ckpt.path.name == "step_00000000"
     for k, v in model.state_dict().items():
         assert np.array_equal(m2.state_dict()[k], v), k
-    assert cli.main(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "hf2")]) == 1
+    assert main.main(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "hf2")]) == 1
     assert "xtrain export:" in capsys.readouterr().err
-    assert cli.main(["import-hf", str(tmp_path / "nothing"), "--out", str(tmp_path / "run3")]) == 1
+    assert main.main(["import-hf", str(tmp_path / "nothing"), "--out", str(tmp_path / "run3")]) == 1
     assert "config.json is missing" in capsys.readouterr().err
 
 
 def test_export_a_real_training_run(hf, tmp_path, capsys):
     """`xtrain train` run directory -> `xtrain export --check`: the layout the trainer writes."""
-    from xtrain_lessons import cli
-    from xtrain_lessons.train import TrainConfig, train
+    from xtrain_lessons.cli import main
+    from xtrain_lessons.training.config import TrainConfig
+    from xtrain_lessons.training.loop import train
 
     corpus = tmp_path / "corpus.txt"
     text = _story_text()[:30_000]
@@ -369,7 +378,7 @@ def test_export_a_real_training_run(hf, tmp_path, capsys):
                       steps=6, batch_size=4, seq_len=16, warmup=2, eval_every=0, sample_every=0,
                       sample_tokens=0, checkpoint_every=0)
     result = train(cfg, progress=False, log=lambda s: None)
-    code = cli.main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf"), "--check",
+    code = main.main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf"), "--check",
                      "--prompt", "Once upon a time", "--prompt", "The dog", "--tokens", "16"])
     out = capsys.readouterr().out
     assert code == 0, out

@@ -11,13 +11,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xtrain_lessons.autograd import Tensor
-from xtrain_lessons.flash_attention import (attention_memory, attention_reference,
-                                            flash_attention, flash_attention_bwd,
-                                            flash_attention_fwd, saved_bytes)
-from xtrain_lessons.gradcheck import gradcheck
-from xtrain_lessons.model import Config, Model, PRESETS
-from xtrain_lessons.nn import causal_attention
+from xtrain_lessons.autograd.tensor import Tensor
+from xtrain_lessons.model.flash_attention import (
+    attention_memory,
+    attention_reference,
+    flash_attention,
+    flash_attention_bwd,
+    flash_attention_fwd,
+    saved_bytes,
+)
+from xtrain_lessons.autograd.gradcheck import gradcheck
+from xtrain_lessons.model.qwen3 import Config, Model, PRESETS
+from xtrain_lessons.model.layers import causal_attention
 
 F32_OUT, F32_GRAD = 1e-5, 1e-4  # the tolerances of the phase (float32)
 
@@ -157,8 +162,10 @@ def test_memory_flash_keeps_no_scores():
     ((1, 13, 13, 2, 2, 8), (8, 5), False),
 ])
 def test_cuda_kernels_match_numpy(shape, blocks, causal):
-    from xtrain_lessons.kernels.flash_attention import (flash_attention_bwd_cuda,
-                                                        flash_attention_fwd_cuda)
+    from xtrain_lessons.runtime.kernels.flash_attention import (
+        flash_attention_bwd_cuda,
+        flash_attention_fwd_cuda,
+    )
     B, Tq, Tk, H, Hkv, D = shape
     q, k, v, g = _qkv(B, Tq, H, Hkv, D, Tk=Tk, seed=8)
     out, lse = flash_attention_fwd_cuda(q, k, v, causal, *blocks)
@@ -175,12 +182,14 @@ def test_cuda_kernels_match_numpy(shape, blocks, causal):
 
 @pytest.mark.gpu
 def test_cuda_kernels_and_array_code_on_gpu():
-    from xtrain_lessons.device import gpu_available
+    from xtrain_lessons.runtime.device import gpu_available
     if not gpu_available():
         pytest.skip("needs CuPy and an NVIDIA GPU")
     import cupy as cp
-    from xtrain_lessons.kernels.flash_attention import (flash_attention_bwd_cuda,
-                                                        flash_attention_fwd_cuda)
+    from xtrain_lessons.runtime.kernels.flash_attention import (
+        flash_attention_bwd_cuda,
+        flash_attention_fwd_cuda,
+    )
     q, k, v, g = _qkv(2, 77, 4, 2, 64, seed=9)
     out_r, lse_r = flash_attention_fwd(q, k, v)
     grads_r = flash_attention_bwd(q, k, v, out_r, lse_r, g)

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from xtrain_lessons.autograd import no_grad
-from xtrain_lessons.generate import generate, sample_next, softmax, top_k_filter, top_p_filter
-from xtrain_lessons.model import PRESETS, Model
+from xtrain_lessons.autograd.tensor import no_grad
+from xtrain_lessons.model.generate import generate, sample_next, softmax, top_k_filter, top_p_filter
+from xtrain_lessons.model.qwen3 import PRESETS, Model
 
 TOL32 = 1e-5  # cached vs recomputed logits, relative to their scale (float32)
 

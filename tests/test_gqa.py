@@ -9,15 +9,20 @@ import json
 import numpy as np
 import pytest
 
-import xtrain_lessons.model as model_module
-from xtrain_lessons import ops
-from xtrain_lessons.autograd import Tensor
-from xtrain_lessons.flash_attention import flash_attention
-from xtrain_lessons.gqa import (attention_param_count, gqa_attention, kv_cache_bytes,
-                                mha_attention, repeat_kv)
-from xtrain_lessons.gradcheck import gradcheck
-from xtrain_lessons.model import Config, Model, PRESETS
-from xtrain_lessons.nn import causal_attention
+import xtrain_lessons.model.qwen3 as model_module
+from xtrain_lessons.autograd import ops
+from xtrain_lessons.autograd.tensor import Tensor
+from xtrain_lessons.model.flash_attention import flash_attention
+from xtrain_lessons.model.gqa import (
+    attention_param_count,
+    gqa_attention,
+    kv_cache_bytes,
+    mha_attention,
+    repeat_kv,
+)
+from xtrain_lessons.autograd.gradcheck import gradcheck
+from xtrain_lessons.model.qwen3 import Config, Model, PRESETS
+from xtrain_lessons.model.layers import causal_attention
 
 torch = pytest.importorskip("torch")
 
@@ -121,8 +126,8 @@ def test_kv_cache_and_parameter_accounting():
 @pytest.mark.slow
 def test_gqa_model_exports_and_passes_the_transformers_closed_loop(tmp_path):
     pytest.importorskip("transformers")
-    from xtrain_lessons.export import closed_loop_check, export_hf
-    from xtrain_lessons.tokenizer import train_tokenizer_from_text
+    from xtrain_lessons.interop.hf import closed_loop_check, export_hf
+    from xtrain_lessons.training.tokenizer import train_tokenizer_from_text
 
     text = ("Once upon a time there was a little girl named Lily. She liked to play in the park "
             "with her dog. One day, Tom saw a big red ball. \"Can I play?\" he asked. ") * 30

@@ -4,9 +4,9 @@ gradcheck really catches a wrong backward, naming the input, the index and both 
 import numpy as np
 import pytest
 
-from xtrain_lessons import ops
-from xtrain_lessons.autograd import Tensor, make_node
-from xtrain_lessons.gradcheck import GradcheckError, gradcheck
+from xtrain_lessons.autograd import ops
+from xtrain_lessons.autograd.tensor import Tensor, make_node
+from xtrain_lessons.autograd.gradcheck import GradcheckError, gradcheck
 
 rng = np.random.default_rng(1234)
 

@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 
-from xtrain_lessons.kernels.adamw import FusedAdamW, adamw_flat, adamw_reference
-from xtrain_lessons.model import PRESETS, Model
-from xtrain_lessons.optim import AdamW
+from xtrain_lessons.training.fused_adamw import FusedAdamW
+from xtrain_lessons.runtime.kernels.adamw import adamw_flat, adamw_reference
+from xtrain_lessons.model.qwen3 import PRESETS, Model
+from xtrain_lessons.training.optim import AdamW
 
 
 @pytest.mark.parametrize("n,n_decay", [(1, 1), (300, 0), (1000, 777), (4099, 4099)])
@@ -115,7 +116,8 @@ def test_fused_step_where_false_keeps_everything_and_true_is_a_plain_step():
 
 
 def test_training_uses_the_fused_kernel_on_a_gpu_and_optim_adamw_on_the_cpu():
-    from xtrain_lessons.train import TrainConfig, make_optimizer
+    from xtrain_lessons.training.config import TrainConfig
+    from xtrain_lessons.training.loop import make_optimizer
 
     cfg = TrainConfig(max_lr=1e-3, weight_decay=0.1)
     model = Model(PRESETS["test"], seed=0)

@@ -8,8 +8,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from xtrain_lessons.kernels.bf16 import (bf16_to_f32, bf16_to_f32_reference, f32_to_bf16,
-                                         f32_to_bf16_reference)
+from xtrain_lessons.runtime.kernels.bf16 import (
+    bf16_to_f32,
+    bf16_to_f32_reference,
+    f32_to_bf16,
+    f32_to_bf16_reference,
+)
 
 
 def hard_values() -> np.ndarray:
@@ -72,7 +76,7 @@ def test_matches_torch():
 
 
 def _gpu() -> bool:
-    from xtrain_lessons.device import gpu_available
+    from xtrain_lessons.runtime.device import gpu_available
     return gpu_available()
 
 

@@ -1,4 +1,4 @@
-"""GEMM kernels (xtrain_lessons/kernels/gemm.cu) against the float64 reference, and the backward.
+"""GEMM kernels (xtrain_lessons/runtime/kernels/gemm.cu) against the float64 reference, and the backward.
 
 Tolerances are Higham's forward-error bound for a float32 dot product of length K,
 |fl(AB) − AB| ≤ K·eps·(|A|·|B|) elementwise (see `gemm_tolerance`), valid for any summation
@@ -10,9 +10,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xtrain_lessons.kernels.gemm import (DEFAULTS, VERSIONS, flops, gemm, gemm_backward,
-                                         gemm_backward_reference, gemm_reference, gemm_tolerance,
-                                         launch_config)
+from xtrain_lessons.runtime.kernels.gemm import (
+    DEFAULTS,
+    VERSIONS,
+    flops,
+    gemm,
+    gemm_backward,
+    gemm_backward_reference,
+    gemm_reference,
+    gemm_tolerance,
+    launch_config,
+)
 
 SIZES = [(37, 53, 29), (1, 1, 1), (65, 17, 130)]  # (M, K, N)
 CONFIGS = [  # (version, tile settings): several block shapes per version
@@ -163,8 +171,8 @@ def test_kernel_backward_vs_reference_and_blas(version):
 
 
 def test_kernel_backward_matches_autograd():
-    from xtrain_lessons import ops
-    from xtrain_lessons.autograd import tensor
+    from xtrain_lessons.autograd import ops
+    from xtrain_lessons.autograd.tensor import tensor
     rng = np.random.default_rng(5)
     a, b, dc = (rng.standard_normal(s).astype(np.float32) for s in ((9, 13), (13, 11), (9, 11)))
     ta, tb = tensor(a, requires_grad=True), tensor(b, requires_grad=True)
@@ -176,7 +184,7 @@ def test_kernel_backward_matches_autograd():
 
 # ------------------------------------------------------------------------- GPU
 def _gpu() -> bool:
-    from xtrain_lessons.device import gpu_available
+    from xtrain_lessons.runtime.device import gpu_available
     return gpu_available()
 
 

@@ -10,11 +10,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xtrain_lessons.kernels.elementwise import (OPS, binary_op, binary_op_reference, broadcast_shape,
-                                                broadcast_strides)
-from xtrain_lessons.kernels.embedding import (embedding_backward, embedding_backward_reference,
-                                              embedding_forward, embedding_forward_reference)
-from xtrain_lessons.kernels.transpose import transpose, transpose_reference
+from xtrain_lessons.runtime.kernels.elementwise import (
+    OPS,
+    binary_op,
+    binary_op_reference,
+    broadcast_shape,
+    broadcast_strides,
+)
+from xtrain_lessons.runtime.kernels.embedding import (
+    embedding_backward,
+    embedding_backward_reference,
+    embedding_forward,
+    embedding_forward_reference,
+)
+from xtrain_lessons.runtime.kernels.transpose import transpose, transpose_reference
 
 F32_EPS = float(np.finfo(np.float32).eps)
 
@@ -105,7 +114,7 @@ def test_transpose_naive_block_sizes(block):
 
 def test_transpose_does_not_write_past_the_end():
     x = rand((33, 65), 8)
-    from xtrain_lessons.cuda import load_kernel
+    from xtrain_lessons.runtime.cuda import load_kernel
     k = load_kernel("transpose.cu", "transpose_tiled", backend="cpu")
     buf = np.full(33 * 65 + 64, -7.0, np.float32)
     k((3, 2), (32, 8), (x, buf[: 33 * 65], np.int32(33), np.int32(65)))
@@ -169,7 +178,7 @@ def test_embedding_out_of_range_ids_raise():
 
 def test_embedding_kernel_guards_bad_ids_with_nan():
     """The kernel itself never reads outside weight: a bad id (bypassing the launcher) gives NaN."""
-    from xtrain_lessons.cuda import load_kernel
+    from xtrain_lessons.runtime.cuda import load_kernel
     k = load_kernel("embedding.cu", "embedding_forward", backend="cpu")
     w = rand((10, 4))
     out = np.zeros((3, 4), np.float32)
@@ -187,7 +196,7 @@ def test_transpose_tiled_in_every_emulator_mode(mode, monkeypatch):
 
 
 def _gpu() -> bool:
-    from xtrain_lessons.device import gpu_available
+    from xtrain_lessons.runtime.device import gpu_available
     return gpu_available()
 
 

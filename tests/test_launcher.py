@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from xtrain_lessons.launch import free_port, worker_env
+from xtrain_lessons.parallel.launch import free_port, worker_env
 
-XTRAIN = [sys.executable, "-m", "xtrain_lessons.cli"]
+XTRAIN = [sys.executable, "-m", "xtrain_lessons.cli.main"]
 
 
 def test_worker_env_is_torchrun_compatible():
@@ -48,7 +48,7 @@ def test_a_worker_dying_in_training_is_a_bounded_error(tmp_path):
     launcher must exit non-zero, name the rank, and not hang (gloo's error or the kill)."""
     t0 = time.monotonic()
     p = subprocess.run([*XTRAIN, "launch", "--nproc", "2", "--grace", "3", "--max-time", "60", "--",
-                        "python", "-m", "xtrain_lessons.ddp", "equiv", "--steps", "6", "--die-rank", "1",
+                        "python", "-m", "xtrain_lessons.measure.ddp_experiments", "equiv", "--steps", "6", "--die-rank", "1",
                         "--die-step", "2", "--out", str(tmp_path / "never.npz")],
                        capture_output=True, text=True, timeout=90)
     elapsed = time.monotonic() - t0
@@ -72,7 +72,7 @@ def corpus(tmp_path_factory):
 
 
 def test_xtrain_train_two_ranks_equal_one_rank(corpus):
-    from xtrain_lessons.checkpoint import load_model_tensors
+    from xtrain_lessons.training.checkpoint import load_model_tensors
 
     d, text = corpus
     p2 = subprocess.run([*XTRAIN, "launch", "--nproc", "2", "--max-time", "80", "--", "xtrain", "train",
@@ -148,7 +148,7 @@ def test_xtrain_train_rank_killed_mid_run(corpus):
 def test_xtrain_train_two_ranks_resume_is_exact(corpus):
     """Stop a 2-rank run after 2 of 3 steps, resume it under the launcher: the checkpoint equals
     the straight 3-step 2-rank run bit for bit (rank 0's data generator state is the run's)."""
-    from xtrain_lessons.checkpoint import load_model_tensors
+    from xtrain_lessons.training.checkpoint import load_model_tensors
 
     d, text = corpus
     launch = [*XTRAIN, "launch", "--nproc", "2", "--max-time", "80", "--"]

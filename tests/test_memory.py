@@ -3,12 +3,13 @@
 import numpy as np
 import pytest
 
-from xtrain_lessons import ops
-from xtrain_lessons.autograd import Tensor
-from xtrain_lessons.memory import CachingAllocator, memory_report, size_class
-from xtrain_lessons.model import PRESETS, Model
-from xtrain_lessons.optim import SGD, AdamW
-from xtrain_lessons.recompute import saved_bytes
+from xtrain_lessons.autograd import ops
+from xtrain_lessons.autograd.tensor import Tensor
+from xtrain_lessons.runtime.allocator import CachingAllocator, size_class
+from xtrain_lessons.measure.memory_report import memory_report
+from xtrain_lessons.model.qwen3 import PRESETS, Model
+from xtrain_lessons.training.optim import SGD, AdamW
+from xtrain_lessons.model.recompute import saved_bytes
 
 MiB = 1 << 20
 
@@ -142,9 +143,9 @@ def test_a_lease_returns_its_buffer_when_the_last_view_is_gone():
 
 
 def test_engine_allocator_is_off_by_default_and_bit_identical_when_on():
-    from xtrain_lessons import memory, rowwise
+    from xtrain_lessons.runtime import allocator, cpu_threads
 
-    assert memory.empty((256, 256)).flags.owndata  # off: plain np.empty
+    assert allocator.empty((256, 256)).flags.owndata  # off: plain np.empty
     cfg = PRESETS["tiny"].replace(vocab_size=512, n_layers=2)
     ids = np.random.default_rng(1).integers(0, 512, (4, 65))
 
@@ -155,20 +156,20 @@ def test_engine_allocator_is_off_by_default_and_bit_identical_when_on():
         return float(loss.data), {k: p.grad.copy() for k, p in m.params.items()}
 
     plain_loss, plain_grads = step()
-    before = rowwise.get_threads()
-    rowwise.set_threads(2)  # leases also die on the pool's threads
+    before = cpu_threads.get_threads()
+    cpu_threads.set_threads(2)  # leases also die on the pool's threads
     try:
-        with memory.engine_allocator() as pool:
+        with allocator.engine_allocator() as pool:
             first = step()
             misses, allocations = pool.stats.misses, pool.stats.allocations
             second = step()
             assert pool.stats.misses == misses  # the second step reuses every buffer
             assert pool.stats.allocations == 2 * allocations > 0
             assert pool.stats.bytes_in_use == 0  # all given back after the step
-            assert not memory.empty((256, 256)).flags.owndata  # on: a lease
+            assert not allocator.empty((256, 256)).flags.owndata  # on: a lease
     finally:
-        rowwise.set_threads(before)
-    assert memory.empty((256, 256)).flags.owndata  # off again after the block
+        cpu_threads.set_threads(before)
+    assert allocator.empty((256, 256)).flags.owndata  # off again after the block
     for loss, grads in (first, second):
         assert loss == plain_loss
         assert all(np.array_equal(grads[k], plain_grads[k]) for k in grads)

@@ -18,9 +18,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from torch_qwen3_reference import from_state_dict  # noqa: E402
 
-from xtrain_lessons.autograd import Tensor  # noqa: E402
-from xtrain_lessons.model import PRESETS, Config, Model, ffn_dim_for  # noqa: E402
-from xtrain_lessons.nn import causal_attention, linear, rope, rope_tables, swiglu  # noqa: E402
+from xtrain_lessons.autograd.tensor import Tensor  # noqa: E402
+from xtrain_lessons.model.qwen3 import PRESETS, Config, Model, ffn_dim_for  # noqa: E402
+from xtrain_lessons.model.layers import causal_attention, linear, rope, rope_tables, swiglu  # noqa: E402
 
 RTOL32 = 2e-5  # relative to the largest |value| of the compared array
 RTOL64 = 1e-10
@@ -320,7 +320,7 @@ def test_to_cpu_is_a_no_op_and_bad_device():
 
 @pytest.mark.gpu
 def test_gpu_matches_cpu():
-    from xtrain_lessons.device import gpu_available
+    from xtrain_lessons.runtime.device import gpu_available
 
     if not gpu_available():
         pytest.skip("no usable GPU")
@@ -339,7 +339,7 @@ def test_gpu_matches_cpu():
 
 
 def test_fused_ops_gradcheck():
-    from xtrain_lessons.gradcheck import gradcheck
+    from xtrain_lessons.autograd.gradcheck import gradcheck
 
     rng = np.random.default_rng(0)
     cos, sin = rope_tables(5, 6, 100.0, np.float64)
@@ -352,7 +352,7 @@ def test_fused_ops_gradcheck():
 
 
 def test_model_gradcheck_micro():
-    from xtrain_lessons.gradcheck import gradcheck
+    from xtrain_lessons.autograd.gradcheck import gradcheck
 
     cfg = Config(vocab_size=11, dim=8, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=4,
                  ffn_dim=12, max_seq_len=8)

@@ -3,8 +3,8 @@
 import nbformat
 import pytest
 
-from xtrain_lessons import notebooks
-from xtrain_lessons.notebooks import NotebookError, strip_source
+from xtrain_lessons.course import notebooks
+from xtrain_lessons.course.notebooks import NotebookError, strip_source
 
 PY = '''def f(x):
     """doc"""

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = [*sorted((ROOT / "xtrain_lessons" / "kernels").glob("*.cu")),
+SOURCES = [*sorted((ROOT / "xtrain_lessons" / "runtime" / "kernels").glob("*.cu")),
            *sorted((ROOT / "tests" / "cuda_kernels").glob("*.cu"))]
 NVCC = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if Path("/usr/local/bin/nvcc").exists() else None)
 
@@ -30,7 +30,7 @@ def test_nvcc_compiles(source, tmp_path):
 
 
 def _gpu() -> bool:
-    from xtrain_lessons.device import gpu_available
+    from xtrain_lessons.runtime.device import gpu_available
     return gpu_available()
 
 
@@ -41,7 +41,7 @@ gpu = pytest.mark.skipif(not _gpu(), reason="needs CuPy and an NVIDIA GPU")
 @gpu
 def test_vector_add_on_gpu():
     import cupy as cp
-    from xtrain_lessons.kernels.vector_add import vector_add, vector_add_reference
+    from xtrain_lessons.runtime.kernels.vector_add import vector_add, vector_add_reference
     a = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
     b = np.random.default_rng(1).standard_normal(1000).astype(np.float32)
     c = vector_add(cp.asarray(a), cp.asarray(b))
@@ -52,7 +52,7 @@ def test_vector_add_on_gpu():
 @gpu
 def test_test_kernels_on_gpu():
     import cupy as cp
-    from xtrain_lessons.cuda import Kernel
+    from xtrain_lessons.runtime.cuda import Kernel
     kdir = ROOT / "tests" / "cuda_kernels"
     M, K, N = 37, 53, 29
     rng = np.random.default_rng(0)
@@ -83,7 +83,7 @@ def test_warp_ops_bf16_and_dynamic_shared_on_gpu():
     """The kernels whose CPU results test_cuda_emulator checks give the same results on a GPU."""
     import cupy as cp
     import ml_dtypes
-    from xtrain_lessons.cuda import Kernel
+    from xtrain_lessons.runtime.cuda import Kernel
     kdir = ROOT / "tests" / "cuda_kernels"
     k = lambda f, n: (Kernel(kdir / f, n, backend="cpu"), Kernel(kdir / f, n, backend="gpu"))  # noqa: E731
 

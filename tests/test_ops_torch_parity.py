@@ -1,4 +1,4 @@
-"""Every op of xtrain_lessons.ops against torch.autograd: values and input gradients.
+"""Every op of xtrain_lessons.autograd.ops against torch.autograd: values and input gradients.
 
 Each case builds seeded random inputs (some broadcast, some non-contiguous: transposed
 or strided views), runs the op in our engine and in torch, then back-propagates the
@@ -15,8 +15,8 @@ F = torch.nn.functional
 from hypothesis import given, settings, strategies as st  # noqa: E402
 from hypothesis.extra.numpy import mutually_broadcastable_shapes  # noqa: E402
 
-from xtrain_lessons import ops  # noqa: E402
-from xtrain_lessons.autograd import Tensor  # noqa: E402
+from xtrain_lessons.autograd import ops  # noqa: E402
+from xtrain_lessons.autograd.tensor import Tensor  # noqa: E402
 
 TOL = {np.float64: dict(rtol=1e-10, atol=1e-12), np.float32: dict(rtol=2e-5, atol=2e-5)}
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from xtrain_lessons.optim import SGD, AdamW, clip_grad_norm, global_grad_norm
+from xtrain_lessons.training.optim import SGD, AdamW, clip_grad_norm, global_grad_norm
 
 torch = pytest.importorskip("torch")
 

@@ -8,9 +8,9 @@ same NumPy operations on the same arrays, and the backward the same ones in the 
 import numpy as np
 import pytest
 
-from xtrain_lessons.autograd import Tensor, no_grad
-from xtrain_lessons.model import PRESETS, Config, Model
-from xtrain_lessons.recompute import checkpoint, saved_bytes, saved_by_op
+from xtrain_lessons.autograd.tensor import Tensor, no_grad
+from xtrain_lessons.model.qwen3 import PRESETS, Config, Model
+from xtrain_lessons.model.recompute import checkpoint, saved_bytes, saved_by_op
 
 SMALL = Config(vocab_size=96, dim=48, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=12,
                ffn_dim=128, max_seq_len=48)  # a slightly bigger model than the test preset
@@ -224,7 +224,7 @@ def test_memory_deterministic_and_grows_with_layers():
 def test_recompute_costs_exactly_one_extra_block_forward(monkeypatch):
     """The time cost of recompute, counted instead of timed: each block's projections run once
     more in backward, the lm_head does not (the time itself is measured in the T13 notebook)."""
-    import xtrain_lessons.model as model_mod
+    import xtrain_lessons.model.qwen3 as model_mod
 
     cfg = SMALL.replace(n_layers=3)
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 12))

@@ -7,8 +7,15 @@ here, CuPy on a GPU) must produce the very same uint32 stream as the NumPy imple
 import numpy as np
 import pytest
 
-from xtrain_lessons.rng import (KAT, mulhilo32, philox4x32, philox_round, random_bits,
-                                to_uniform, uniform)
+from xtrain_lessons.runtime.rng import (
+    KAT,
+    mulhilo32,
+    philox4x32,
+    philox_round,
+    random_bits,
+    to_uniform,
+    uniform,
+)
 
 
 @pytest.mark.parametrize("counter,key,expected", KAT, ids=["zeros", "ones", "pi"])
@@ -98,14 +105,14 @@ def test_streams_differ_and_are_reproducible():
                                           (2 ** 64 - 1, 2 ** 64 - 1, 517),
                                           (2 ** 40 + 5, 2 ** 33 + 9, 4096 + 2)])
 def test_cuda_kernel_bits_equal_numpy(seed, offset, n):
-    from xtrain_lessons.kernels.philox import philox_bits, philox_bits_reference
+    from xtrain_lessons.runtime.kernels.philox import philox_bits, philox_bits_reference
     got = philox_bits(seed, offset, n)
     assert got.dtype == np.uint32
     assert np.array_equal(got, philox_bits_reference(seed, offset, n))
 
 
 def test_cuda_kernel_uniform_equal_numpy():
-    from xtrain_lessons.kernels.philox import philox_uniform, philox_uniform_reference
+    from xtrain_lessons.runtime.kernels.philox import philox_uniform, philox_uniform_reference
     for seed, offset, n in [(1, 2, 3), (123456789, 10 ** 12, 2050)]:
         got = philox_uniform(seed, offset, n)
         want = philox_uniform_reference(seed, offset, n)
@@ -114,17 +121,17 @@ def test_cuda_kernel_uniform_equal_numpy():
 
 def test_cuda_kernel_kat_through_the_stream():
     # KAT vector 1 (counter 0, key 0) is block 0 of stream (seed 0, offset 0)
-    from xtrain_lessons.kernels.philox import philox_bits
+    from xtrain_lessons.runtime.kernels.philox import philox_bits
     assert philox_bits(0, 0, 4).tolist() == list(KAT[0][2])
     assert philox_bits(0, 0, 0).shape == (0,)
 
 
 @pytest.mark.gpu
 def test_cuda_kernel_on_gpu():
-    from xtrain_lessons.device import gpu_available
+    from xtrain_lessons.runtime.device import gpu_available
     if not gpu_available():
         pytest.skip("needs CuPy and an NVIDIA GPU")
     import cupy as cp
-    from xtrain_lessons.kernels.philox import philox_bits
+    from xtrain_lessons.runtime.kernels.philox import philox_bits
     got = philox_bits(99, 5, 10_001, xp=cp)
     assert np.array_equal(cp.asnumpy(got), random_bits(99, 5, 10_001))

@@ -6,9 +6,18 @@ import sys
 
 import pytest
 
-from xtrain_lessons.tokenizer import (
-    EOT, EOT_ID, decode, encode, eot_id, load_tokenizer, save_tokenizer, tokenizer_hash,
-    train_tokenizer, train_tokenizer_from_text, vocab_size,
+from xtrain_lessons.training.tokenizer import (
+    EOT,
+    EOT_ID,
+    decode,
+    encode,
+    eot_id,
+    load_tokenizer,
+    save_tokenizer,
+    tokenizer_hash,
+    train_tokenizer,
+    train_tokenizer_from_text,
+    vocab_size,
 )
 
 TRAIN_TEXT = (
@@ -75,7 +84,7 @@ def test_training_is_deterministic_across_processes(tok, tmp_path):
     """Same text, same vocab size -> the same tokenizer, even in a new process."""
     text_file = tmp_path / "t.txt"
     text_file.write_text(TRAIN_TEXT, encoding="utf-8")
-    code = ("import sys; from xtrain_lessons.tokenizer import *; "
+    code = ("import sys; from xtrain_lessons.training.tokenizer import *; "
             "print(tokenizer_hash(train_tokenizer([sys.argv[1]], 400)))")
     out = subprocess.run([sys.executable, "-c", code, str(text_file)], capture_output=True, text=True,
                          check=True).stdout.strip()

@@ -8,9 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xtrain_lessons import train as train_mod
-from xtrain_lessons.checkpoint import latest_checkpoint, list_checkpoints
-from xtrain_lessons.train import TrainConfig, evaluate, plot_metrics, read_metrics, train
+from xtrain_lessons.training import loop as train_mod
+from xtrain_lessons.training.checkpoint import latest_checkpoint, list_checkpoints
+from xtrain_lessons.training.config import TrainConfig
+from xtrain_lessons.training.loop import train
+from xtrain_lessons.training.metrics import plot_metrics, read_metrics
+from xtrain_lessons.training.validation import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,7 +102,7 @@ def test_train_learns_writes_run_dir_and_resumes_exactly(corpus, tmp_path):
 def test_ctrl_c_saves_a_checkpoint_and_resume_is_still_exact(corpus, tmp_path, monkeypatch):
     straight = train(tiny_cfg(corpus, tmp_path / "a", steps=8), progress=False, log=lambda s: None)
 
-    from xtrain_lessons.data import TokenDataset
+    from xtrain_lessons.training.data import TokenDataset
 
     real = TokenDataset.get_batch
     calls = {"n": 0}
@@ -124,8 +127,8 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_is_still_exact(corpus, tmp_path, m
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, monkeypatch):
-    from xtrain_lessons.autograd import Tensor
-    from xtrain_lessons.model import Model
+    from xtrain_lessons.autograd.tensor import Tensor
+    from xtrain_lessons.model.qwen3 import Model
 
     real = Model.loss
     calls = {"n": 0}
@@ -147,7 +150,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, monkeyp
     assert latest_checkpoint(ck).name == "step_00000006"
     assert [p.name for p in list_checkpoints(ck)][-1] == "step_00000006"
     # the checkpoint holds the weights of step 6, not something touched by the NaN step
-    from xtrain_lessons.checkpoint import load_checkpoint
+    from xtrain_lessons.training.checkpoint import load_checkpoint
 
     fresh = Model(r.model.config, seed=123)
     load_checkpoint(ck, fresh)
@@ -159,7 +162,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, monkeyp
 def test_evaluate_and_plot(corpus, tmp_path):
     r = train(tiny_cfg(corpus, tmp_path / "e", steps=4, eval_every=0, sample_every=0, sample_tokens=0),
               progress=False, log=lambda s: None)
-    from xtrain_lessons.data import TokenDataset
+    from xtrain_lessons.training.data import TokenDataset
 
     val = TokenDataset(tmp_path / "e" / "data", "val")
     v1 = evaluate(r.model, val, 4, 16, 2)
@@ -175,7 +178,7 @@ def test_real_sigint_finishes_the_step_then_saves(corpus, tmp_path, monkeypatch)
     import os
     import signal
 
-    from xtrain_lessons.data import TokenDataset
+    from xtrain_lessons.training.data import TokenDataset
 
     real = TokenDataset.get_batch
     calls = {"n": 0}
@@ -236,8 +239,8 @@ def test_log_every_nan_skips_the_update_on_the_device_and_stops_at_the_logging_p
     """A NaN at step 7 with log_every=5: its update and the later ones are skipped on the
     device, the run stops when the values are read (step 10), and the model holds the
     weights of step 6, as the step-by-step run (which stops before the update) does."""
-    from xtrain_lessons.autograd import Tensor
-    from xtrain_lessons.model import Model
+    from xtrain_lessons.autograd.tensor import Tensor
+    from xtrain_lessons.model.qwen3 import Model
 
     real = Model.loss
 
@@ -280,7 +283,7 @@ def test_threads_default_explicit_and_under_a_launcher(corpus, tmp_path, monkeyp
     """threads=0 (the default) runs on the process's threads (a new process: every core),
     N runs on N and gives the process its setting back; under a launcher the default is this
     process's share of the cores."""
-    from xtrain_lessons import rowwise
+    from xtrain_lessons.runtime import cpu_threads
 
     def header(out, **kw):
         lines = []
@@ -288,11 +291,11 @@ def test_threads_default_explicit_and_under_a_launcher(corpus, tmp_path, monkeyp
               progress=False, log=lines.append)
         return next(line for line in lines if line.startswith("run "))
 
-    before = rowwise.get_threads()
+    before = cpu_threads.get_threads()
     assert TrainConfig().threads == 0
     assert f"on cpu, {before} thread(s):" in header("default")
     assert "on cpu, 3 thread(s):" in header("three", threads=3)
-    assert rowwise.get_threads() == before
+    assert cpu_threads.get_threads() == before
     monkeypatch.setattr(train_mod.os, "cpu_count", lambda: 6)
     assert train_mod._cores_per_process() == 0  # not launched: threads as they are
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")

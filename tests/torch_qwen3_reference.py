@@ -1,6 +1,6 @@
 """An independent, plain-PyTorch Qwen3-style decoder: the oracle for the engine's model.
 
-Written from the math (not from `transformers` and not from `xtrain_lessons.model`), so a
+Written from the math (not from `transformers` and not from `xtrain_lessons.model.qwen3`), so a
 bug in the engine cannot be copied into its own reference. Parameter names follow the
 Hugging Face Qwen3 layout, so `load_state_dict(engine_model.state_dict())` just works:
 
@@ -13,7 +13,7 @@ Hugging Face Qwen3 layout, so `load_state_dict(engine_model.state_dict())` just 
     model.norm.weight                                (dim,)
     lm_head.weight                                   (V, dim)
 
-The config is a plain dict with the fields of `xtrain_lessons.model.Config`.
+The config is a plain dict with the fields of `xtrain_lessons.model.qwen3.Config`.
 """
 
 from __future__ import annotations

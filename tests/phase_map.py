@@ -1,0 +1,60 @@
+"""Which package modules, tests and notebook each phase of the course has: the one table that
+CONTRIBUTING.md shows (`python tests/phase_map.py` prints it) and that the pytest markers use
+(`pytest -m t05` runs T05's tests). tests/test_phase_map.py keeps the three in step."""
+
+PHASES = {
+    "T00": ("welcome", ["course/checks.py", "course/notebooks.py", "course/doctor.py", "cli/main.py",
+                        "cli/notebooks.py", "cli/doctor.py"],
+            ["test_course.py", "test_notebook_pipeline.py", "test_doctor.py", "test_cli.py",
+             "test_packaging.py", "test_book.py", "test_layers.py", "test_phase_map.py"]),
+    "T01": ("devices_and_kernels", ["runtime/device.py", "runtime/cuda/", "runtime/kernels/vector_add.py"],
+            ["test_device.py", "test_cuda_emulator.py", "test_nvcc_compile.py"]),
+    "T02": ("tensors", ["runtime/kernels/elementwise.py", "runtime/kernels/transpose.py",
+                        "runtime/kernels/embedding.py"], ["test_kernels_t02.py"]),
+    "T03": ("gemm", ["runtime/kernels/gemm.py"], ["test_kernels_gemm.py"]),
+    "T04": ("autograd", ["autograd/tensor.py", "autograd/ops.py", "autograd/gradcheck.py"],
+            ["test_autograd.py", "test_gradcheck.py", "test_ops_torch_parity.py"]),
+    "T05": ("transformer", ["model/layers.py", "model/qwen3.py"], ["test_model_parity.py"]),
+    "T06": ("training", ["training/config.py", "training/loop.py", "training/deferred.py",
+                         "training/optim.py", "training/schedule.py", "training/data.py",
+                         "training/fetch.py", "training/tokenizer.py", "training/checkpoint.py",
+                         "training/rundir.py", "training/metrics.py", "training/validation.py",
+                         "model/generate.py", "cli/train.py", "cli/sample.py", "cli/data.py"],
+            ["test_train.py", "test_cli_train.py", "test_optim.py", "test_schedule.py", "test_data.py",
+             "test_data_fetch.py", "test_tokenizer.py", "test_checkpoint.py", "test_generate.py",
+             "test_corpus.py"]),
+    "T07": ("performance", ["runtime/cpu_threads.py", "runtime/kernels/adamw.py", "training/fused_adamw.py",
+                            "measure/bench.py", "measure/profiler.py", "cli/bench.py"],
+            ["test_cpu_threads.py", "test_profiler.py", "test_kernels_adamw.py"]),
+    "T08": ("data_parallel", ["parallel/collectives.py", "parallel/ring.py", "parallel/ddp.py",
+                              "measure/ddp_experiments.py"], ["test_distributed.py"]),
+    "T09": ("export", ["interop/hf.py", "cli/export.py", "cli/import_hf.py"], ["test_export_hf.py"]),
+    "T10": ("batching", ["model/batching.py"], ["test_batching.py"]),
+    "T11": ("memory", ["runtime/allocator.py", "measure/memory_report.py"], ["test_memory.py"]),
+    "T12": ("bf16", ["model/precision.py", "runtime/kernels/bf16.py"], ["test_amp.py", "test_kernels_bf16.py"]),
+    "T13": ("recompute", ["model/recompute.py"], ["test_recompute.py"]),
+    "T14": ("flash_attention", ["model/flash_attention.py", "runtime/kernels/flash_attention.py"],
+            ["test_flash_attention.py"]),
+    "T15": ("gqa", ["model/gqa.py"], ["test_gqa.py"]),
+    "T16": ("grad_accumulation", ["parallel/ddp.py"], ["test_accumulation.py"]),
+    "T17": ("launcher", ["parallel/launch.py", "cli/launch.py"], ["test_launcher.py"]),
+    "T18": ("dropout", ["model/dropout.py", "runtime/rng.py", "runtime/kernels/philox.py"],
+            ["test_dropout.py", "test_rng.py"]),
+}
+
+
+def phases_of_test(filename: str) -> list[str]:
+    return [p for p, (_, _, tests) in PHASES.items() if filename in tests]
+
+
+def markdown_table() -> str:
+    rows = ["| phase | notebook | package modules (`xtrain_lessons/…`) | tests (`tests/…`) |",
+            "|---|---|---|---|"]
+    for phase, (topic, modules, tests) in PHASES.items():
+        rows.append(f"| {phase} | `{phase}_{topic}` | " + ", ".join(f"`{m}`" for m in modules)
+                    + " | " + ", ".join(f"`{t}`" for t in tests) + " |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -1,0 +1,841 @@
+"""The ops of the tape autograd: a forward on arrays and a hand-written backward each.
+
+Every op is ONE graph node made with `tensor.make_node`, including the fused ones
+(`rmsnorm`, `softmax`, `log_softmax`, `logsumexp`, `cross_entropy`,
+`scaled_dot_product_attention`), whose backward is derived by hand instead of being
+composed from smaller ops: fewer nodes, fewer temporaries, one pass where it can be.
+
+Array code is written against the array module of the data (`xp`: NumPy or CuPy), and
+keeps the input dtype (float32 stays float32; float64 only if the input is float64).
+
+Public API (all also reachable as Tensor methods/operators, see `autograd`)
+---------------------------------------------------------------------------
+Elementwise, broadcasting (`a`, `b`: Tensor, array or Python number):
+    add(a, b)  sub(a, b)  mul(a, b)  div(a, b)  pow(a, p)  (p a number or a Tensor)
+    neg(x)  exp(x)  log(x)  sqrt(x)  sigmoid(x)  silu(x)  relu(x)  tanh(x)
+    where(cond, a, b)       cond: boolean array (no grad), broadcast with a and b
+    masked_fill(x, mask, value)   = where(mask, value, x), e.g. a causal mask with -inf
+Reductions:
+    sum(x, axis=None, keepdims=False)   mean(x, axis=None, keepdims=False)
+    max(x, axis=None, keepdims=False)   (gradient split evenly between tied maxima)
+    logsumexp(x, axis=-1, keepdims=False)   (max subtracted, the max not differentiated)
+Linear algebra:
+    matmul(a, b)   batched (..., M, K) @ (..., K, N) with broadcast batch dims; 1-D ok
+Shape:
+    reshape(x, *shape)  transpose(x, *axes)  permute(x, *axes)  swapaxes(x, a1, a2)
+    broadcast_to(x, shape)   getitem(x, idx)  (basic slices and integer/boolean arrays)
+    cat(tensors, axis=0)  stack(tensors, axis=0)
+    split(x, split_size_or_sections, axis=0) -> list   (torch meaning: an int is the
+        size of each chunk, a list gives the sizes)
+    astype(x, dtype)
+Fused:
+    softmax(x, axis=-1)  log_softmax(x, axis=-1)
+    rmsnorm(x, weight=None, eps=1e-6)          over the last axis, y = x / rms(x) * weight
+    embedding(weight, ids)                     weight (V, D), ids int (...) -> (..., D)
+    cross_entropy(logits, targets, ignore_index=-100)   logits (..., V), targets int (...);
+        mean over the non-ignored targets; returns a scalar Tensor
+    scaled_dot_product_attention(q, k, v, causal=False, scale=None, mask=None)
+        q (..., Tq, D), k (..., Tk, D), v (..., Tk, Dv) -> (..., Tq, Dv);
+        mask: boolean, True = may attend (torch's meaning), broadcast to (..., Tq, Tk)
+
+Shape errors raise ValueError naming the op and the shapes involved.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import operator
+
+import numpy as np
+
+from xtrain_lessons.autograd.tensor import Tensor, as_tensor, make_node
+from xtrain_lessons.runtime.allocator import empty as _empty  # np.empty, or the engine allocator's (T11)
+from xtrain_lessons.runtime.cpu_threads import get_threads, grid, map_rows
+from xtrain_lessons.runtime.cpu_threads import matmul as _rows_matmul
+from xtrain_lessons.runtime.cpu_threads import sum_blocks
+from xtrain_lessons.runtime.device import array_module, on_gpu, scatter_add
+
+__all__ = [
+    "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sqrt", "sigmoid", "silu",
+    "relu", "tanh", "where", "masked_fill", "sum", "mean", "max", "logsumexp", "matmul",
+    "reshape", "transpose", "permute", "swapaxes", "broadcast_to", "getitem", "cat",
+    "concatenate", "stack", "split", "astype", "softmax", "log_softmax", "rmsnorm",
+    "embedding", "cross_entropy", "scaled_dot_product_attention",
+]
+
+
+# ----------------------------------------------------------------------------------------
+# helpers
+
+
+def _pair(a, b):
+    """Both operands as Tensors; a Python number takes the dtype of the other operand."""
+    if isinstance(a, Tensor):
+        return a, as_tensor(b, like=a)
+    b = as_tensor(b)
+    return as_tensor(a, like=b), b
+
+
+def _elementwise(op, fn, a, b):
+    """Run fn(a_data, b_data), turning numpy's broadcast error into one naming the op."""
+    try:
+        return fn(a.data, b.data)
+    except ValueError:
+        raise ValueError(f"{op}: shapes {a.shape} and {b.shape} cannot be broadcast "
+                         f"together") from None
+
+
+def _axes(axis, ndim):
+    """Normalize `axis` (None, int or tuple) to a sorted tuple of non-negative ints."""
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, int):
+        axis = (axis,)
+    out = []
+    for a in axis:
+        if not -ndim <= a < builtins.max(ndim, 1):
+            raise ValueError(f"axis {a} is out of range for a tensor with {ndim} dims")
+        out.append(a % builtins.max(ndim, 1))
+    return tuple(sorted(out))
+
+
+def _shape_arg(shape):
+    """Accept reshape(x, 2, 3) and reshape(x, (2, 3))."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        return tuple(shape[0])
+    return tuple(shape)
+
+
+# ----------------------------------------------------------------------------------------
+# elementwise binary ops (the engine sums gradients back over broadcast axes)
+
+
+def add(a, b) -> Tensor:
+    a, b = _pair(a, b)
+    out = _elementwise("add", operator.add, a, b)
+    return make_node(out, (a, b), lambda g: (g, g), "add", unbroadcast=True)
+
+
+def sub(a, b) -> Tensor:
+    a, b = _pair(a, b)
+    out = _elementwise("sub", operator.sub, a, b)
+    return make_node(out, (a, b), lambda g: (g, -g if b.requires_grad else None), "sub",
+                     unbroadcast=True)
+
+
+def mul(a, b) -> Tensor:
+    a, b = _pair(a, b)
+    out = _elementwise("mul", operator.mul, a, b)
+
+    def backward(g):
+        return (g * b.data if a.requires_grad else None,
+                g * a.data if b.requires_grad else None)
+
+    return make_node(out, (a, b), backward, "mul", unbroadcast=True)
+
+
+def div(a, b) -> Tensor:
+    a, b = _pair(a, b)
+    out = _elementwise("div", operator.truediv, a, b)
+
+    def backward(g):
+        ga = g / b.data
+        # d(a/b)/db = -a/b^2 = -(a/b)/b
+        gb = -ga * out if b.requires_grad else None
+        return (ga if a.requires_grad else None), gb
+
+    return make_node(out, (a, b), backward, "div", unbroadcast=True)
+
+
+def pow(a, p) -> Tensor:
+    """a ** p for a number p (the common case) or a Tensor p (needs a > 0 for dp)."""
+    if isinstance(p, (int, float, np.number)):  # tensor ** number: one input
+        a = as_tensor(a)
+        out = a.data ** p
+
+        def backward(g):
+            if p == 2:
+                return (g * (2 * a.data),)
+            return (g * (p * a.data ** (p - 1)),)
+
+        return make_node(out, (a,), backward, "pow")
+    a, p = _pair(a, p)
+    out = _elementwise("pow", operator.pow, a, p)
+
+    def backward_tt(g):
+        ga = g * p.data * a.data ** (p.data - 1) if a.requires_grad else None
+        gp = g * out * array_module(out).log(a.data) if p.requires_grad else None
+        return ga, gp
+
+    return make_node(out, (a, p), backward_tt, "pow", unbroadcast=True)
+
+
+def where(cond, a, b) -> Tensor:
+    """Elementwise `cond ? a : b`; `cond` is a boolean array (or Tensor), not differentiated."""
+    cond = cond.data if isinstance(cond, Tensor) else cond
+    a, b = _pair(a, b)
+    xp = array_module(a.data)
+    cond = xp.asarray(cond)  # a NumPy mask with CuPy data: move it to the device
+    try:
+        out = xp.where(cond, a.data, b.data)
+    except ValueError:
+        raise ValueError(f"where: shapes {np.shape(cond)}, {a.shape} and {b.shape} cannot be "
+                         f"broadcast together") from None
+
+    def backward(g):
+        zero = xp.zeros((), dtype=g.dtype)
+        return (xp.where(cond, g, zero) if a.requires_grad else None,
+                xp.where(cond, zero, g) if b.requires_grad else None)
+
+    return make_node(out, (a, b), backward, "where", unbroadcast=True)
+
+
+def masked_fill(x, mask, value) -> Tensor:
+    """x with `value` where `mask` is True (e.g. -inf above the diagonal for causal attention)."""
+    return where(mask, value, x)
+
+
+# ----------------------------------------------------------------------------------------
+# elementwise unary ops
+
+
+def neg(x) -> Tensor:
+    x = as_tensor(x)
+    return make_node(-x.data, (x,), lambda g: (-g,), "neg")
+
+
+def exp(x) -> Tensor:
+    x = as_tensor(x)
+    out = array_module(x.data).exp(x.data)
+    return make_node(out, (x,), lambda g: (g * out,), "exp")
+
+
+def log(x) -> Tensor:
+    x = as_tensor(x)
+    out = array_module(x.data).log(x.data)
+    return make_node(out, (x,), lambda g: (g / x.data,), "log")
+
+
+def sqrt(x) -> Tensor:
+    x = as_tensor(x)
+    out = array_module(x.data).sqrt(x.data)
+    return make_node(out, (x,), lambda g: (g / (2 * out),), "sqrt")
+
+
+def _sigmoid(xd):
+    xp = array_module(xd)
+    with np.errstate(over="ignore"):  # exp(-x) = inf for very negative x gives s = 0: fine
+        s = xp.exp(-xd)
+        s += 1
+        return xp.reciprocal(s, out=s)
+
+
+def sigmoid(x) -> Tensor:
+    x = as_tensor(x)
+    s = _sigmoid(x.data)
+    return make_node(s, (x,), lambda g: (g * s * (1 - s),), "sigmoid")
+
+
+def silu(x) -> Tensor:
+    """x * sigmoid(x), one node: d/dx = s * (1 + x * (1 - s))."""
+    x = as_tensor(x)
+    s = _sigmoid(x.data)
+    out = x.data * s
+    return make_node(out, (x,), lambda g: (g * (s * (1 + x.data * (1 - s))),), "silu")
+
+
+def relu(x) -> Tensor:
+    x = as_tensor(x)
+    xp = array_module(x.data)
+    out = xp.maximum(x.data, 0)
+    return make_node(out, (x,), lambda g: (g * (x.data > 0),), "relu")
+
+
+def tanh(x) -> Tensor:
+    x = as_tensor(x)
+    out = array_module(x.data).tanh(x.data)
+    return make_node(out, (x,), lambda g: (g * (1 - out * out),), "tanh")
+
+
+def astype(x, dtype) -> Tensor:
+    """Cast; the gradient is cast back to the input's dtype."""
+    x = as_tensor(x)
+    out = x.data.astype(dtype)
+    return make_node(out, (x,), lambda g: (g.astype(x.dtype),), "astype")
+
+
+# ----------------------------------------------------------------------------------------
+# reductions
+
+
+def _expand_back(g, x_shape, axes, keepdims):
+    """Broadcast a reduced gradient back to the input shape (a read-only view, no copy)."""
+    xp = array_module(g)
+    if not keepdims:
+        g = xp.expand_dims(g, axes)
+    return xp.broadcast_to(g, x_shape)
+
+
+def sum(x, axis=None, keepdims=False) -> Tensor:
+    x = as_tensor(x)
+    axes = _axes(axis, x.ndim)
+    out = x.data.sum(axis=axes, keepdims=keepdims)
+    return make_node(out, (x,), lambda g: (_expand_back(g, x.shape, axes, keepdims),), "sum")
+
+
+def mean(x, axis=None, keepdims=False) -> Tensor:
+    x = as_tensor(x)
+    axes = _axes(axis, x.ndim)
+    n = math.prod(x.shape[a] for a in axes)
+    out = x.data.mean(axis=axes, keepdims=keepdims)
+    return make_node(out, (x,), lambda g: (_expand_back(g * (1.0 / n), x.shape, axes, keepdims),),
+                     "mean")
+
+
+def max(x, axis=None, keepdims=False) -> Tensor:
+    """Maximum along `axis`. The gradient goes to the maximal elements, split evenly between
+    ties (as torch.amax does)."""
+    x = as_tensor(x)
+    axes = _axes(axis, x.ndim)
+    out = x.data.max(axis=axes, keepdims=True)  # keepdims for the backward mask
+
+    def backward(g):
+        xp = array_module(g)
+        hit = x.data == out  # (x.shape) True at the maxima
+        count = hit.sum(axis=axes, keepdims=True)
+        g = g if keepdims else xp.expand_dims(g, axes)
+        return (xp.where(hit, g / count, xp.zeros((), dtype=g.dtype)).astype(x.dtype, copy=False),)
+
+    return make_node(out if keepdims else out.squeeze(axes), (x,), backward, "max")
+
+
+def logsumexp(x, axis=-1, keepdims=False) -> Tensor:
+    """log(sum(exp(x))) along `axis`, stable: m + log(sum(exp(x - m))), m = max (a constant).
+
+    The gradient is softmax(x) * g = exp(x - m) * (g / sum), from the saved exp(x - m).
+    """
+    x = as_tensor(x)
+    xp = array_module(x.data)
+    (ax,) = _axes(axis, x.ndim)
+    m = x.data.max(axis=ax, keepdims=True)
+    m = xp.where(xp.isfinite(m), m, 0)  # rows of -inf: avoid inf - inf = nan
+    e = x.data - m
+    xp.exp(e, out=e)  # exp(x - m), saved for backward
+    s = e.sum(axis=ax, keepdims=True)
+    out = xp.log(s) + m  # (..., 1, ...)
+    if not keepdims:
+        out = out.squeeze(ax)
+
+    def backward(g):
+        if not keepdims:
+            g = xp.expand_dims(g, ax)
+        return (e * (g / s),)  # softmax(x) * g
+
+    return make_node(out, (x,), backward, "logsumexp")
+
+
+# ----------------------------------------------------------------------------------------
+# matmul
+
+
+def _mm(x, y):
+    """x @ y on arrays, taking BLAS-friendly paths.
+
+    NumPy's stacked matmul falls off BLAS when a batch dimension is broadcast (a 3-D
+    activation times a 2-D weight: measured ~100x slower than one 2-D GEMM). So:
+    a 2-D right operand folds the batch into the rows, (B*M, K) @ (K, N); equal batch
+    dims use NumPy's batched matmul (BLAS per matrix); broadcast batch dims loop over
+    the batch writing into a preallocated output. CuPy (cuBLAS) takes x @ y directly.
+    """
+    if on_gpu(x):
+        return x @ y
+    if y.ndim == 2:  # (..., M, K) @ (K, N): one GEMM of (prod(...) * M, K) @ (K, N)
+        return _rows_matmul(x.reshape(-1, x.shape[-1]), y).reshape(x.shape[:-1] + (y.shape[-1],))
+    if x.shape[:-2] == y.shape[:-2]:
+        if y.strides[-1] != y.itemsize:  # a transposed view on the right (k.swapaxes(-1, -2)):
+            y = np.ascontiguousarray(y)  # NumPy would loop without BLAS, ~3x slower than copying
+        return x @ y
+    batch = np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
+    xb = np.broadcast_to(x, batch + x.shape[-2:])  # views: no copy
+    yb = np.broadcast_to(y, batch + y.shape[-2:])
+    out = np.empty(batch + (x.shape[-2], y.shape[-1]), dtype=np.result_type(x, y))
+    for i in np.ndindex(*batch):
+        np.matmul(xb[i], yb[i], out=out[i])
+    return out
+
+
+def matmul(a, b) -> Tensor:
+    """(..., M, K) @ (..., K, N) -> (..., M, N), batch dims broadcast.
+
+    dA = dC @ B^T and dB = A^T @ dC (summed over broadcast batch dims).
+    """
+    a, b = as_tensor(a), as_tensor(b)
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError(f"matmul: shapes {a.shape} and {b.shape}: scalars are not allowed, use *")
+    if a.ndim == 1:  # (K,) @ (..., K, N) -> (..., N)
+        out = matmul(reshape(a, 1, a.shape[0]), b)
+        return reshape(out, out.shape[:-2] + out.shape[-1:])
+    if b.ndim == 1:  # (..., M, K) @ (K,) -> (..., M)
+        out = matmul(a, reshape(b, b.shape[0], 1))
+        return reshape(out, out.shape[:-1])
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"matmul: shapes {a.shape} and {b.shape} do not match: "
+                         f"inner dimensions {a.shape[-1]} != {b.shape[-2]}")
+    try:
+        np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        raise ValueError(f"matmul: shapes {a.shape} and {b.shape} do not match: batch dimensions "
+                         f"{a.shape[:-2]} and {b.shape[:-2]} cannot be broadcast") from None
+    out = _mm(a.data, b.data)
+
+    def backward(g):  # g: (..., M, N)
+        ga = gb = None
+        if a.requires_grad:
+            ga = _mm(g, b.data.swapaxes(-1, -2))  # (..., M, K)
+        if b.requires_grad:
+            if b.ndim == 2:
+                # weight shared over the batch: one GEMM (K, B*M) @ (B*M, N) -> (K, N)
+                # instead of a batch of small ones followed by a sum
+                K, N = b.shape
+                gb = _rows_matmul(a.data.reshape(-1, K).T, g.reshape(-1, N))
+            else:
+                gb = _mm(a.data.swapaxes(-1, -2), g)  # (..., K, N), unbroadcast by the engine
+        return ga, gb
+
+    return make_node(out, (a, b), backward, "matmul", unbroadcast=True)
+
+
+# ----------------------------------------------------------------------------------------
+# shape ops
+
+
+def reshape(x, *shape) -> Tensor:
+    x = as_tensor(x)
+    shape = _shape_arg(shape)
+    try:
+        out = x.data.reshape(shape)
+    except ValueError:
+        raise ValueError(f"reshape: cannot reshape {x.shape} (size {x.size}) "
+                         f"into {shape}") from None
+    return make_node(out, (x,), lambda g: (g.reshape(x.shape),), "reshape")
+
+
+def transpose(x, *axes) -> Tensor:
+    """Permute the axes (all reversed when none are given, like NumPy)."""
+    x = as_tensor(x)
+    axes = _shape_arg(axes) or tuple(reversed(range(x.ndim)))
+    if sorted(a % builtins.max(x.ndim, 1) for a in axes) != list(range(x.ndim)):
+        raise ValueError(f"transpose: axes {axes} are not a permutation for shape {x.shape}")
+    out = x.data.transpose(axes)
+    inverse = tuple(np.argsort([a % x.ndim for a in axes]))
+    return make_node(out, (x,), lambda g: (g.transpose(inverse),), "transpose")
+
+
+permute = transpose
+
+
+def swapaxes(x, axis1, axis2) -> Tensor:
+    x = as_tensor(x)
+    out = x.data.swapaxes(axis1, axis2)
+    return make_node(out, (x,), lambda g: (g.swapaxes(axis1, axis2),), "swapaxes")
+
+
+def broadcast_to(x, shape) -> Tensor:
+    """A broadcast (read-only) view; the gradient is summed back over the broadcast axes."""
+    x = as_tensor(x)
+    shape = tuple(shape)
+    try:
+        out = array_module(x.data).broadcast_to(x.data, shape)
+    except ValueError:
+        raise ValueError(f"broadcast_to: cannot broadcast {x.shape} to {shape}") from None
+    return make_node(out, (x,), lambda g: (g,), "broadcast_to", unbroadcast=True)
+
+
+def _unwrap_index(idx):
+    if isinstance(idx, Tensor):
+        return idx.data
+    if isinstance(idx, tuple):
+        return tuple(i.data if isinstance(i, Tensor) else i for i in idx)
+    return idx
+
+
+def _is_advanced(idx):
+    """Does `idx` contain an array or list (NumPy advanced indexing: positions may repeat)?"""
+    items = idx if isinstance(idx, tuple) else (idx,)
+    return builtins.any(isinstance(i, list) or (hasattr(i, "ndim") and i.ndim > 0) for i in items)
+
+
+def getitem(x, idx) -> Tensor:
+    """x[idx]. Backward scatters into zeros: assignment for slices (positions are unique),
+    `add.at` for integer arrays (the same row may be picked twice: contributions add)."""
+    x = as_tensor(x)
+    idx = _unwrap_index(idx)
+    out = x.data[idx]
+    advanced = _is_advanced(idx)
+
+    def backward(g):
+        xp = array_module(g)
+        gx = xp.zeros(x.shape, dtype=g.dtype)
+        if advanced:
+            scatter_add(gx, idx, g)
+        else:
+            gx[idx] = g
+        return (gx,)
+
+    return make_node(out, (x,), backward, "getitem")
+
+
+def cat(tensors, axis=0) -> Tensor:
+    """Concatenate along `axis`; backward hands each input its slice of the gradient."""
+    tensors = [as_tensor(t) for t in tensors]
+    xp = array_module(tensors[0].data)
+    try:
+        out = xp.concatenate([t.data for t in tensors], axis=axis)
+    except ValueError:
+        raise ValueError(f"cat: shapes {[t.shape for t in tensors]} do not match "
+                         f"outside axis {axis}") from None
+    ax = axis % out.ndim
+    bounds = np.cumsum([t.shape[ax] for t in tensors])[:-1].tolist()
+
+    def backward(g):
+        return tuple(xp.split(g, bounds, axis=ax))
+
+    return make_node(out, tensors, backward, "cat")
+
+
+concatenate = cat
+
+
+def stack(tensors, axis=0) -> Tensor:
+    tensors = [as_tensor(t) for t in tensors]
+    xp = array_module(tensors[0].data)
+    shapes = {t.shape for t in tensors}
+    if len(shapes) != 1:
+        raise ValueError(f"stack: all shapes must be equal, got {[t.shape for t in tensors]}")
+    out = xp.stack([t.data for t in tensors], axis=axis)
+    ax = axis % out.ndim
+
+    def backward(g):
+        return tuple(xp.moveaxis(g, ax, 0))
+
+    return make_node(out, tensors, backward, "stack")
+
+
+def split(x, split_size_or_sections, axis=0) -> list:
+    """torch.split: an int is the size of each chunk (the last may be smaller), a list the
+    sizes. Each chunk is a view node whose backward places its gradient in a zero array."""
+    x = as_tensor(x)
+    ax = axis % x.ndim
+    n = x.shape[ax]
+    if isinstance(split_size_or_sections, int):
+        step = split_size_or_sections
+        sizes = [builtins.min(step, n - i) for i in range(0, n, step)]
+    else:
+        sizes = list(split_size_or_sections)
+        if builtins.sum(sizes) != n:
+            raise ValueError(f"split: sizes {sizes} do not sum to {n} (axis {axis} of {x.shape})")
+    outs, start = [], 0
+    for size in sizes:
+        idx = (slice(None),) * ax + (slice(start, start + size),)
+        outs.append(getitem(x, idx))
+        start += size
+    return outs
+
+
+# ----------------------------------------------------------------------------------------
+# fused ops
+
+
+def softmax(x, axis=-1) -> Tensor:
+    """exp(x - max) / sum, one node. Backward: y * (g - sum(g * y)) along `axis`."""
+    x = as_tensor(x)
+    xp = array_module(x.data)
+    y = x.data - x.data.max(axis=axis, keepdims=True)
+    xp.exp(y, out=y)
+    y /= y.sum(axis=axis, keepdims=True)
+
+    def backward(g):
+        gx = g * y
+        gx -= y * gx.sum(axis=axis, keepdims=True)
+        return (gx,)
+
+    return make_node(y, (x,), backward, "softmax")
+
+
+def log_softmax(x, axis=-1) -> Tensor:
+    """x - logsumexp(x), one node. Backward: g - softmax(x) * sum(g)."""
+    x = as_tensor(x)
+    xp = array_module(x.data)
+    y = x.data - x.data.max(axis=axis, keepdims=True)
+    y -= xp.log(xp.exp(y).sum(axis=axis, keepdims=True))
+
+    def backward(g):
+        return (g - xp.exp(y) * g.sum(axis=axis, keepdims=True),)
+
+    return make_node(y, (x,), backward, "log_softmax")
+
+
+def rmsnorm(x, weight=None, eps=1e-6) -> Tensor:
+    """RMSNorm over the last axis, one node: y = x * r * w with r = 1/sqrt(mean(x^2) + eps).
+
+    Backward, with xhat = x * r and gh = g * w:
+        dw = sum over rows of g * xhat
+        dx = r * (gh - xhat * mean(gh * xhat))
+    """
+    x = as_tensor(x)
+    xp = array_module(x.data)
+    D = x.shape[-1]
+    if weight is not None:
+        weight = as_tensor(weight)
+        if weight.shape != (D,):
+            raise ValueError(f"rmsnorm: weight shape {weight.shape} does not match the last "
+                             f"dimension of x {x.shape}")
+    xd = x.data
+    dt = xd.dtype.type
+    x2 = xd.reshape(-1, D)  # (N, D)
+    N = x2.shape[0]
+    inv_d, eps_ = dt(1.0 / D), dt(eps)
+    w = weight.data if weight is not None else None
+    xhat, r = _empty(x2.shape, x2.dtype, x2), xp.empty((N, 1), dtype=xd.dtype)
+    out = _empty(x2.shape, x2.dtype, x2) if w is not None else xhat
+
+    def forward_rows(lo, hi):  # one cache-sized block of rows (xtrain_lessons.runtime.cpu_threads)
+        xb = x2[lo:hi]
+        ms = xp.einsum("ij,ij->i", xb, xb)  # sum of squares, no (rows, D) temporary
+        ms *= inv_d
+        ms += eps_
+        rb = r[lo:hi]
+        xp.divide(dt(1.0), xp.sqrt(ms, out=ms)[:, None], out=rb)
+        xp.multiply(xb, rb, out=xhat[lo:hi])
+        if w is not None:
+            xp.multiply(xhat[lo:hi], w, out=out[lo:hi])
+
+    map_rows(forward_rows, N, D * xd.itemsize, like=xd)
+
+    def backward(g):
+        g2 = g.reshape(-1, D)
+        want_w = weight is not None and weight.requires_grad
+        gx = _empty(x2.shape, x2.dtype, x2) if x.requires_grad else None
+
+        def backward_rows(lo, hi):
+            gb, xh = g2[lo:hi], xhat[lo:hi]
+            # dw's partial sums on the fixed grid (cpu_threads.grid): the same bits for any threads
+            gw_part = [xp.einsum("ij,ij->j", g2[a:b], xhat[a:b])
+                       for a, b in grid(lo, hi, D * xd.itemsize)] if want_w else None
+            if gx is not None:
+                gh = gb * w if w is not None else gb
+                dot = xp.einsum("ij,ij->i", gh, xh)  # (rows,)
+                dot *= inv_d
+                gxb = gx[lo:hi]
+                xp.multiply(xh, dot[:, None], out=gxb)
+                xp.subtract(gh, gxb, out=gxb)
+                gxb *= r[lo:hi]
+            return gw_part
+
+        partials = map_rows(backward_rows, N, D * xd.itemsize, like=xd)
+        gw = sum_blocks(partials) if want_w else None
+        gx = gx.reshape(x.shape) if gx is not None else None
+        return (gx, gw) if weight is not None else (gx,)
+
+    parents = (x, weight) if weight is not None else (x,)
+    return make_node(out.reshape(x.shape), parents, backward, "rmsnorm")
+
+
+def embedding(weight, ids) -> Tensor:
+    """weight (V, D) gathered at integer ids (...) -> (..., D).
+
+    Backward scatter-adds the rows of the gradient into a (V, D) zero array: a token
+    that appears several times receives the sum of its rows.
+    """
+    weight = as_tensor(weight)
+    ids_in = ids.data if isinstance(ids, Tensor) else ids
+    xp = array_module(weight.data)
+    ids = xp.asarray(ids_in)
+    if ids.dtype.kind not in "iu":
+        raise TypeError(f"embedding: ids must be integers, got {ids.dtype}")
+    if weight.ndim != 2:
+        raise ValueError(f"embedding: weight must be (V, D), got {weight.shape}")
+    # NumPy would silently wrap a negative id around: refuse it. Checked on the host array when
+    # the ids come from the host (free); ids already on a GPU cost a host synchronisation.
+    src = ids_in if isinstance(ids_in, np.ndarray) else ids
+    if ids.size and (int(src.min()) < 0 or int(src.max()) >= weight.shape[0]):
+        raise ValueError(f"embedding: ids must lie in [0, {weight.shape[0]}), got "
+                         f"min {int(src.min())}, max {int(src.max())}")
+    out = weight.data[ids]  # (..., D)
+
+    def backward(g):
+        V, D = weight.shape
+        flat, g2 = ids.reshape(-1), g.reshape(-1, D)
+        gw = _empty((V, D), g.dtype, g)
+
+        def vocab_rows(lo, hi):  # the rows of token ids lo..hi-1, one range per thread
+            part = gw[lo:hi]
+            part[...] = 0
+            if lo == 0 and hi == V:
+                scatter_add(part, flat, g2)  # fast in NumPy >= 1.25
+            else:  # this range's tokens, in their order: the same additions as one call
+                mine = (flat >= lo) & (flat < hi)
+                scatter_add(part, flat[mine] - lo, g2[mine])
+
+        threads = get_threads()
+        map_rows(vocab_rows, V, 1, like=gw, block_bytes=-(-V // threads))
+        return (gw,)
+
+    return make_node(out, (weight,), backward, "embedding")
+
+
+def cross_entropy(logits, targets, ignore_index=-100) -> Tensor:
+    """Mean over non-ignored positions of -log softmax(logits)[target], one node.
+
+    logits (..., V), targets int (...). Forward keeps exp(logits - max) and its row sums for
+    backward: d loss / d logits = (softmax - onehot(target)) / n_valid.
+    If every target is ignored the loss is nan (0/0), as in torch.
+    """
+    logits = as_tensor(logits)
+    targets_in = targets.data if isinstance(targets, Tensor) else targets
+    xp = array_module(logits.data)
+    targets = xp.asarray(targets_in)
+    if logits.shape[:-1] != targets.shape:
+        raise ValueError(f"cross_entropy: logits shape {logits.shape} and targets shape "
+                         f"{targets.shape} do not match (expected targets {logits.shape[:-1]})")
+    if targets.dtype.kind not in "iu":
+        raise TypeError(f"cross_entropy: targets must be integers, got {targets.dtype}")
+    V = logits.shape[-1]
+    x = logits.data.reshape(-1, V)  # (N, V)
+    t = targets.reshape(-1)  # (N,)
+    valid = t != ignore_index
+    t_safe = xp.where(valid, t, 0)
+    # the range check reads the host array when the targets come from the host (free)
+    src = np.where(targets_in != ignore_index, targets_in, 0) if isinstance(targets_in, np.ndarray) else t_safe
+    if t.size and (int(src.min()) < 0 or int(src.max()) >= V):
+        raise ValueError(f"cross_entropy: targets must lie in [0, {V}) or equal "
+                         f"ignore_index={ignore_index}")
+    rows = xp.arange(x.shape[0])
+    n_valid = valid.sum()
+
+    N = x.shape[0]
+    e = _empty(x.shape, x.dtype, x)  # exp(x - max), kept for backward (unnormalized)
+    s = xp.empty((N, 1), dtype=x.dtype)  # its row sums
+    lse = xp.empty((N, 1), dtype=x.dtype)
+
+    def forward_rows(lo, hi):  # row-local: cpu_threads.map_rows spreads the rows over the threads
+        xb = x[lo:hi]
+        m = xb.max(axis=1, keepdims=True)  # (rows, 1), not differentiated
+        eb = e[lo:hi]
+        xp.subtract(xb, m, out=eb)
+        xp.exp(eb, out=eb)
+        eb.sum(axis=1, keepdims=True, out=s[lo:hi])
+        xp.log(s[lo:hi], out=lse[lo:hi])
+        lse[lo:hi] += m
+
+    map_rows(forward_rows, N, V * x.itemsize, like=x)
+    losses = lse[:, 0] - x[rows, t_safe]  # (N,)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        loss = (losses * valid).sum() / n_valid.astype(x.dtype)
+    loss = xp.asarray(loss, dtype=x.dtype)
+
+    def backward(g):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            scale = valid.astype(x.dtype) * (g / n_valid.astype(x.dtype)).astype(x.dtype)  # (N,)
+        # softmax * scale = e * (scale / s), in one pass over (N, V)
+        f = (scale / s[:, 0])[:, None]
+        gx = _empty(e.shape, e.dtype, e)
+        map_rows(lambda lo, hi: xp.multiply(e[lo:hi], f[lo:hi], out=gx[lo:hi]), N, V * x.itemsize,
+                 like=x)
+        gx[rows, t_safe] -= scale
+        return (gx.reshape(logits.shape),)
+
+    return make_node(loss, (logits,), backward, "cross_entropy")
+
+
+def scaled_dot_product_attention(q, k, v, causal=False, scale=None, mask=None) -> Tensor:
+    """softmax(q k^T * scale [+ mask]) v as one node.
+
+    q (..., Tq, D), k (..., Tk, D), v (..., Tk, Dv) -> (..., Tq, Dv). `causal` lets query i
+    attend to keys j <= i; `mask` is boolean, True where attending is allowed. The
+    attention probabilities P (..., Tq, Tk) are kept for backward:
+        dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dP * P)),
+        dQ = dS K * scale,  dK = dS^T Q * scale.
+    """
+    q, k, v = as_tensor(q), as_tensor(k), as_tensor(v)
+    xp = array_module(q.data)
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"scaled_dot_product_attention: shapes q {q.shape}, k {k.shape}, "
+                         f"v {v.shape} do not match")
+    Tq, Tk = q.shape[-2], k.shape[-2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    s = _mm(q.data, k.data.swapaxes(-1, -2))  # (..., Tq, Tk)
+    s *= s.dtype.type(scale)
+    allowed = None
+    if causal:
+        allowed = xp.tril(xp.ones((Tq, Tk), dtype=bool))
+    if mask is not None:
+        mask = mask.data if isinstance(mask, Tensor) else xp.asarray(mask)
+        allowed = mask if allowed is None else (allowed & mask)
+    if allowed is not None:
+        s = xp.where(allowed, s, s.dtype.type(-np.inf))
+    # softmax over the keys, in place
+    s -= s.max(axis=-1, keepdims=True)
+    xp.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    p = s  # (..., Tq, Tk)
+    out = _mm(p, v.data)  # (..., Tq, Dv)
+
+    def backward(g):  # g: (..., Tq, Dv)
+        gv = _mm(p.swapaxes(-1, -2), g) if v.requires_grad else None  # (..., Tk, Dv)
+        ds = _mm(g, v.data.swapaxes(-1, -2))  # dP (..., Tq, Tk)
+        ds -= (ds * p).sum(axis=-1, keepdims=True)
+        ds *= p
+        ds *= ds.dtype.type(scale)
+        gq = _mm(ds, k.data) if q.requires_grad else None  # (..., Tq, D)
+        gk = _mm(ds.swapaxes(-1, -2), q.data) if k.requires_grad else None  # (..., Tk, D)
+        return gq, gk, gv
+
+    return make_node(out, (q, k, v), backward, "sdpa", unbroadcast=True)
+
+
+# ----------------------------------------------------------------------------------------
+# attach operators and methods to Tensor
+
+
+def _attach():
+    T = Tensor
+    T.__add__ = lambda a, b: add(a, b)
+    T.__radd__ = lambda a, b: add(b, a)
+    T.__sub__ = lambda a, b: sub(a, b)
+    T.__rsub__ = lambda a, b: sub(b, a)
+    T.__mul__ = lambda a, b: mul(a, b)
+    T.__rmul__ = lambda a, b: mul(b, a)
+    T.__truediv__ = lambda a, b: div(a, b)
+    T.__rtruediv__ = lambda a, b: div(b, a)
+    T.__matmul__ = lambda a, b: matmul(a, b)
+    T.__rmatmul__ = lambda a, b: matmul(b, a)
+    T.__pow__ = lambda a, p: pow(a, p)
+    T.__rpow__ = lambda a, b: pow(as_tensor(b, like=a), a)
+    T.__neg__ = lambda a: neg(a)
+    T.__getitem__ = lambda a, idx: getitem(a, idx)
+    # comparisons: plain arrays, no gradient
+    for name in ("lt", "le", "gt", "ge", "eq", "ne"):
+        ufunc = {"lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal",
+                 "eq": "equal", "ne": "not_equal"}[name]
+
+        def cmp(a, b, _u=ufunc):
+            b = b.data if isinstance(b, Tensor) else b
+            return getattr(array_module(a.data), _u)(a.data, b)
+
+        setattr(T, f"__{name}__", cmp)
+    T.exp, T.log, T.sqrt, T.neg = exp, log, sqrt, neg
+    T.sigmoid, T.silu, T.relu, T.tanh = sigmoid, silu, relu, tanh
+    T.sum, T.mean, T.max, T.logsumexp = sum, mean, max, logsumexp
+    T.softmax, T.log_softmax = softmax, log_softmax
+    T.matmul, T.pow = matmul, pow
+    T.reshape, T.view = reshape, reshape
+    T.transpose, T.permute, T.swapaxes = transpose, permute, swapaxes
+    T.broadcast_to, T.expand = broadcast_to, broadcast_to
+    T.split, T.masked_fill, T.astype = split, masked_fill, astype
+    T.T = property(lambda a: transpose(a))
+
+
+_attach()

@@ -1,0 +1,309 @@
+"""Fused layer ops of the transformer (phase T05): each is ONE graph node with a
+hand-written backward, made with `tensor.make_node`.
+
+Composing attention from small ops (transpose, matmul, mask, softmax, matmul) works, but
+every small op is a Python-level node and a temporary array; on 2 CPU cores the fused
+versions below are what makes a few-million-parameter model train in minutes.
+
+    linear(x, w)                 x @ w.T, w in the (out, in) layout of torch / Hugging Face
+    rope(x, cos, sin)            rotary position embedding, rotate-half convention
+    causal_attention(q, k, v)    softmax(q k^T / sqrt(D) + causal mask) v, grouped-query
+    swiglu(gate, up)             silu(gate) * up
+    rope_tables(T, D, theta)     the cos / sin tables RoPE reads
+
+Shapes: B batch, T time (positions), H query heads, Hkv key/value heads, D head_dim.
+Every function works on NumPy or CuPy data (the array module is taken from the input).
+The pure-array forward functions (`*_fwd`) are shared with the no-grad decoding path.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from xtrain_lessons.autograd.tensor import Tensor, make_node
+from xtrain_lessons.runtime import cpu_threads
+from xtrain_lessons.runtime.allocator import empty  # np.empty, or the engine allocator's (T11)
+from xtrain_lessons.runtime.cpu_threads import map_rows
+from xtrain_lessons.runtime.device import array_module
+
+__all__ = ["linear", "rope", "causal_attention", "swiglu", "rope_tables", "rotate_half",
+           "attention_fwd"]
+
+
+# ----------------------------------------------------------------------------------------
+# linear: y = x @ w.T
+
+
+def linear(x: Tensor, w: Tensor) -> Tensor:
+    """y = x @ w.T for x (..., in) and w (out, in) -> (..., out). No bias (Qwen3 has none)."""
+    n_in = x.shape[-1]
+    if w.shape[1] != n_in:
+        raise ValueError(f"linear: input has {n_in} features but weight is {w.shape} (out, in)")
+    lead = x.shape[:-1]
+    x2 = x.data.reshape(-1, n_in)  # (N, in)
+    # split by rows over the engine's threads (plain `@` on a GPU)
+    y = cpu_threads.matmul(x2, w.data.T).reshape(*lead, w.shape[0])  # (..., out)
+
+    def backward(g):
+        g2 = g.reshape(-1, w.shape[0])  # (N, out)
+        if x.requires_grad and w.requires_grad:  # both in one hand-over to the threads
+            gx, gw = cpu_threads.matmuls((g2, w.data), (g2.T, x2))
+            return gx.reshape(x.shape), gw
+        gx = cpu_threads.matmul(g2, w.data).reshape(x.shape) if x.requires_grad else None  # (..., in)
+        gw = cpu_threads.matmul(g2.T, x2) if w.requires_grad else None  # (out, in)
+        return gx, gw
+
+    return make_node(y, (x, w), backward, "linear")
+
+
+# ----------------------------------------------------------------------------------------
+# RoPE, rotate-half convention (as Hugging Face Llama / Qwen3)
+
+
+def rope_tables(T: int, head_dim: int, theta: float, dtype=np.float32):
+    """cos, sin tables of shape (T, head_dim).
+
+    Pair i (i < head_dim/2) of a head vector is rotated by the angle t * theta**(-2i/D) at
+    position t; the half table is repeated twice because rotate-half pairs element i with
+    element i + D/2. Computed in float64, then cast.
+    """
+    if head_dim % 2:
+        raise ValueError(f"rope_tables: head_dim must be even, got {head_dim}")
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    ang = np.arange(T, dtype=np.float64)[:, None] * inv_freq[None, :]  # (T, D/2)
+    ang = np.concatenate([ang, ang], axis=-1)  # (T, D)
+    return np.cos(ang).astype(dtype), np.sin(ang).astype(dtype)
+
+
+def rotate_half(x):
+    """[x1, x2] -> [-x2, x1] on the last axis (x1, x2 its two halves)."""
+    xp = array_module(x)
+    h = x.shape[-1] // 2
+    return xp.concatenate([-x[..., h:], x[..., :h]], axis=-1)
+
+
+def _rotate_half_T(y):
+    """The transpose of rotate_half: [y1, y2] -> [y2, -y1]."""
+    xp = array_module(y)
+    h = y.shape[-1] // 2
+    return xp.concatenate([y[..., h:], -y[..., :h]], axis=-1)
+
+
+def _rotate(x, cos_t, sin_t):
+    """x * cos + swap_halves(x) * sin for x (B, T, H, D) and tables (T, H*D) (one row per
+    position, repeated for every head). With sin_t = [-s, s] per head this is
+    x * cos + rotate_half(x) * sin. Every pass runs over whole contiguous (T, H*D) rows:
+    slicing the halves instead (x[..., :D/2]) makes NumPy loop over D/2 = 24 numbers at a
+    time, about 3x slower."""
+    xp = array_module(x)
+    B, T, H, D = x.shape
+    h = D // 2
+    x3 = x.reshape(B, T, H * D)
+    out = empty(x3.shape, xp.result_type(x, cos_t), x)
+
+    def rows(lo, hi):  # sequences lo..hi-1 (cpu_threads.map_rows: spread over the threads)
+        n = hi - lo
+        swapped = xp.ascontiguousarray(x[lo:hi].reshape(n, T, H, 2, h)[..., ::-1, :]).reshape(n, T, H * D)
+        swapped *= sin_t
+        o = out[lo:hi]
+        xp.multiply(x3[lo:hi], cos_t, out=o)
+        o += swapped
+
+    map_rows(rows, B, T * H * D * out.itemsize, like=x)
+    return out.reshape(B, T, H, D)
+
+
+def rope(x: Tensor, cos, sin) -> Tensor:
+    """Rotate each head vector of x (B, T, H, D) by its position's angles.
+
+    cos, sin: arrays (T, D) for the positions of x (slice the tables for an offset).
+    out = x * cos + rotate_half(x) * sin; the backward is the inverse rotation
+    g * cos + rotate_half^T(g * sin).
+    """
+    xp = array_module(x.data)
+    B, T, H, D = x.shape
+    if cos.shape != (T, D):
+        raise ValueError(f"rope: tables have shape {cos.shape}, expected {(T, D)}")
+    h = D // 2
+    cos_t = xp.tile(cos, (1, H))  # (T, H*D)
+    sin_t = xp.tile(xp.concatenate([-sin[:, :h], sin[:, h:]], axis=1), (1, H))  # [-s, s]
+    out = _rotate(x.data, cos_t, sin_t)
+
+    def backward(g):
+        return (_rotate(g, cos_t, -sin_t),)  # the inverse rotation: [g1 c + g2 s, g2 c - g1 s]
+
+    return make_node(out, (x,), backward, "rope")
+
+
+# ----------------------------------------------------------------------------------------
+# causal self-attention, grouped-query
+
+
+def _to_heads(x, Hkv):
+    """(B, T, H, D) -> (B, Hkv, G*T, D): query head h = j*G + g lands in group j, so one
+    batched matmul per kv head serves its G query heads (no repeat of K, V)."""
+    B, T, H, D = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(B, Hkv, (H // Hkv) * T, D)
+
+
+def _from_heads(y, B, T, H, D):
+    """(B, Hkv, G*T, D) -> (B, T, H, D), contiguous."""
+    xp = array_module(y)
+    return xp.ascontiguousarray(y.reshape(B, H, T, D).transpose(0, 2, 1, 3))
+
+
+def _from_heads_into(out, y):
+    """Write y (b, Hkv, G*T, D) into out (b, T, H, D): the inverse of _to_heads."""
+    b, T, H, D = out.shape
+    out[...] = y.reshape(b, H, T, D).transpose(0, 2, 1, 3)
+
+
+def _keys_t(k):
+    """(B, Tk, Hkv, D) -> (B, Hkv, D, Tk), C-contiguous. NumPy's batched matmul calls BLAS
+    only when each matrix has a unit stride; `q @ k.swapaxes(-1, -2)` of the transposed
+    view falls back to a loop about 3x slower than this copy plus the BLAS call."""
+    xp = array_module(k)
+    return xp.ascontiguousarray(k.transpose(0, 2, 3, 1))
+
+
+def attention_fwd(q, k, v):
+    """Arrays in, arrays out: (out (B, Tq, H, D), probs (B, Hkv, G*Tq, Tk)).
+
+    q (B, Tq, H, D); k, v (B, Tk, Hkv, D) with Tk >= Tq: the queries are the LAST Tq
+    positions, so query i (absolute position Tk - Tq + i) sees keys 0 .. Tk - Tq + i.
+    """
+    xp = array_module(q)
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    if H % Hkv:
+        raise ValueError(f"attention: {H} query heads not divisible by {Hkv} kv heads")
+    if Tk < Tq or k.shape != v.shape or k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"attention: q {q.shape}, k {k.shape}, v {v.shape} do not fit "
+                         f"(need k, v (B, Tk, Hkv, D) with Tk >= Tq)")
+    G = H // Hkv
+    scale = q.dtype.type(1.0 / math.sqrt(D))
+    qh = _to_heads(q, Hkv)  # (B, Hkv, G*Tq, D), a view
+    vh = v.transpose(0, 2, 1, 3)  # (B, Hkv, Tk, D), a view
+    future = xp.arange(Tk)[None, :] > (Tk - Tq + xp.arange(Tq))[:, None]  # (Tq, Tk)
+    bias = xp.where(future, -xp.inf, 0.0).astype(q.dtype)  # causal mask, added to scores
+    p = empty((B, Hkv, G * Tq, Tk), q.dtype, q)
+    out = empty((B, Tq, H, D), q.dtype, q)
+
+    def batch_rows(lo, hi):  # sequences lo..hi-1: scores, softmax, weighted sum
+        s = p[lo:hi]
+        xp.matmul(qh[lo:hi], _keys_t(k[lo:hi]), out=s)  # (b, Hkv, G*Tq, Tk)
+        s *= scale
+        s.reshape(hi - lo, Hkv, G, Tq, Tk)[...] += bias  # view: mask per (query, key)
+        s -= s.max(axis=-1, keepdims=True)  # max subtraction: exp never overflows
+        xp.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True)
+        _from_heads_into(out[lo:hi], xp.matmul(s, vh[lo:hi]))
+
+    # the layout copies (keys transposed, heads back to (B, T, H, D)) happen inside the
+    # per-sequence blocks too: on every thread, while the block is in cache
+    map_rows(batch_rows, B, p[0].nbytes, like=q, blas=True)
+    return out, p  # (B, Tq, H, D)
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Causal scaled-dot-product attention as one node.
+
+    q (B, Tq, H, D), k and v (B, Tk, Hkv, D) -> (B, Tq, H, D). Hkv divides H (grouped-query
+    attention: kv head j serves query heads j*G .. j*G+G-1, G = H/Hkv, like HF repeat_kv).
+    Backward (P = softmax(S), S = q k^T / sqrt(D)):
+        dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dP * P)),
+        dQ = dS K / sqrt(D),  dK = dS^T Q / sqrt(D)
+    The P^T dO and dS^T Q products sum over a group's query heads by themselves.
+    """
+    out, p = attention_fwd(q.data, k.data, v.data)
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    scale = q.dtype.type(1.0 / math.sqrt(D))
+
+    def backward(g):
+        xp = array_module(g)
+        kh = k.data.transpose(0, 2, 1, 3)  # (B, Hkv, Tk, D), a view
+        qh = _to_heads(q.data, Hkv)  # (B, Hkv, G*Tq, D), a view
+        gh = _to_heads(g, Hkv)  # (B, Hkv, G*Tq, D)
+        dq = empty(q.shape, g.dtype, g)
+        dk = empty(k.shape, g.dtype, g)
+        dv = empty(v.shape, g.dtype, g)
+
+        def batch_rows(lo, hi):
+            pb, gb = p[lo:hi], gh[lo:hi]
+            dv[lo:hi] = xp.matmul(pb.swapaxes(-1, -2), gb).transpose(0, 2, 1, 3)  # P^T dO (sums a group's heads)
+            ds = gb @ _keys_t(v.data[lo:hi])  # dP, overwritten by dS
+            ds -= (ds * pb).sum(axis=-1, keepdims=True)
+            ds *= pb
+            ds *= scale
+            _from_heads_into(dq[lo:hi], xp.matmul(ds, kh[lo:hi]))
+            dk[lo:hi] = xp.matmul(ds.swapaxes(-1, -2), qh[lo:hi]).transpose(0, 2, 1, 3)
+
+        map_rows(batch_rows, B, p[0].nbytes, like=p, blas=True)
+        return dq, dk, dv
+
+    return make_node(out, (q, k, v), backward, "causal_attention")
+
+
+# ----------------------------------------------------------------------------------------
+# SwiGLU
+
+
+def _sigmoid(x):
+    xp = array_module(x)
+    half = x.dtype.type(0.5)
+    s = xp.tanh(x * half)  # 0.5 * (tanh(x/2) + 1): no overflow for large |x|
+    s += x.dtype.type(1.0)
+    s *= half
+    return s
+
+
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    """silu(gate) * up, silu(a) = a * sigmoid(a); the gating of the Qwen3 MLP.
+
+    d/dgate = g * up * sig * (1 + gate * (1 - sig)),  d/dup = g * silu(gate).
+    Nothing but the inputs is kept for backward: sigmoid is recomputed there (cheaper than
+    writing two more activation-sized arrays to memory and reading them back, as torch's
+    silu_backward does). Both directions run on cache-sized row blocks (cpu_threads.map_rows).
+    """
+    if gate.shape != up.shape:
+        raise ValueError(f"swiglu: gate {gate.shape} and up {up.shape} differ")
+    xp = array_module(gate.data)
+    F = gate.shape[-1] if gate.ndim else 1
+    a2, u2 = gate.data.reshape(-1, F), up.data.reshape(-1, F)
+    out = empty(a2.shape, xp.result_type(a2, u2), a2)
+
+    def forward_rows(lo, hi):
+        a = a2[lo:hi]
+        silu = _sigmoid(a)
+        silu *= a
+        xp.multiply(silu, u2[lo:hi], out=out[lo:hi])
+
+    map_rows(forward_rows, a2.shape[0], F * out.itemsize, like=out)
+
+    def backward(g):
+        g2 = g.reshape(-1, F)
+        dgate, dup = empty(out.shape, out.dtype, out), empty(out.shape, out.dtype, out)
+
+        def backward_rows(lo, hi):
+            a, gb = a2[lo:hi], g2[lo:hi]
+            sig = _sigmoid(a)
+            one = sig.dtype.type(1.0)
+            dub = dup[lo:hi]
+            xp.multiply(a, sig, out=dub)  # silu
+            dub *= gb
+            d = dgate[lo:hi]
+            xp.subtract(one, sig, out=d)
+            d *= a
+            d += one
+            d *= sig
+            d *= u2[lo:hi]
+            d *= gb
+            return None
+
+        map_rows(backward_rows, a2.shape[0], F * out.itemsize, like=out)
+        return dgate.reshape(gate.shape), dup.reshape(up.shape)
+
+    return make_node(out.reshape(gate.shape), (gate, up), backward, "swiglu")

@@ -1,0 +1,104 @@
+"""Start N worker processes with a torchrun-style environment and watch them.
+
+    xtrain launch --nproc 2 -- xtrain train --steps 50 --out runs/dp
+    xtrain launch --nproc 2 -- python my_script.py
+
+Each worker gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR (127.0.0.1 by
+default) and MASTER_PORT (a free port unless --master-port is given), the same variables
+torchrun sets, so a script written for one runs under the other. OMP_NUM_THREADS defaults to
+1 per worker (N workers on N cores). A command starting with `xtrain` runs with this Python
+(`python -m xtrain_lessons.cli.main`).
+
+The launcher never hangs on a broken group: when a worker exits with a non-zero code, the
+others are stopped (SIGTERM, then SIGKILL after --grace seconds) and the launcher exits with
+that code, naming the rank. --max-time bounds the whole run. Ctrl-C stops every worker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+__all__ = ["free_port", "worker_env", "launch"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def worker_env(rank: int, nproc: int, master_addr: str, master_port: int, base=None) -> dict:
+    """The environment of worker ``rank`` (torchrun's variables on top of ``base``)."""
+    env = dict(os.environ if base is None else base)
+    env.update(RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
+               LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _command(cmd: list[str]) -> list[str]:
+    if cmd and cmd[0] == "xtrain":
+        return [sys.executable, "-m", "xtrain_lessons.cli.main", *cmd[1:]]
+    if cmd and cmd[0] in ("python", "python3"):
+        return [sys.executable, *cmd[1:]]
+    return cmd
+
+
+def _stop(procs, grace: float) -> None:
+    alive = [p for p in procs if p.poll() is None]
+    for p in alive:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    for p in alive:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+
+
+def launch(cmd: list[str], nproc: int, master_addr: str = "127.0.0.1", master_port: int | None = None,
+           max_time: float | None = None, grace: float = 5.0, log=None) -> int:
+    """Run ``cmd`` in ``nproc`` processes; return 0 when all succeed, else the first non-zero
+    exit code (after stopping the other workers)."""
+    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    if nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {nproc}")
+    if not cmd:
+        raise ValueError("no command to launch: xtrain launch --nproc N -- COMMAND ...")
+    port = master_port or free_port(master_addr)
+    argv = _command(cmd)
+    procs = []
+    t0 = time.monotonic()
+    try:
+        for r in range(nproc):
+            procs.append(subprocess.Popen(argv, env=worker_env(r, nproc, master_addr, port)))
+        while True:
+            codes = [p.poll() for p in procs]
+            bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                r, c = bad[0]  # polled often: the first to fail, before the others notice it
+                log(f"xtrain launch: rank {r} exited with code {c}; stopping the other workers")
+                _stop(procs, grace)
+                return c if c > 0 else 1
+            if all(c == 0 for c in codes):
+                return 0
+            if max_time and time.monotonic() - t0 > max_time:
+                running = [r for r, c in enumerate(codes) if c is None]
+                log(f"xtrain launch: --max-time {max_time:.0f}s exceeded; stopping rank(s) {running}")
+                _stop(procs, grace)
+                return 124
+            time.sleep(0.01)
+    except KeyboardInterrupt:
+        log("xtrain launch: interrupted; stopping the workers")
+        _stop(procs, grace)
+        return 130

@@ -1,0 +1,171 @@
+"""Run CUDA C kernels — on an NVIDIA GPU through CuPy, or on the CPU through an emulator.
+
+The same `.cu` source runs on both. On a GPU, `Kernel` wraps `cupy.RawKernel`; without one it
+compiles the source with g++ against a small compatibility header and runs the CUDA threads
+as fibers on the CPU (see `xtrain_lessons.runtime.cuda.emulator` for how, and for where it differs
+from a GPU).
+
+    import numpy as np
+    from xtrain_lessons.runtime.cuda import Kernel
+
+    src = r'''
+    extern "C" __global__ void scale(const float* x, float* y, float a, int n) {
+        int i = blockIdx.x * blockDim.x + threadIdx.x;
+        if (i < n) y[i] = a * x[i];
+    }
+    '''
+    k = Kernel(src, "scale")                 # source text, or a path to a .cu file
+    x = np.arange(1000, dtype=np.float32); y = np.empty_like(x)
+    k(((1000 + 255) // 256,), (256,), (x, y, np.float32(2), np.int32(1000)))   # y = 2 x
+
+Public API
+----------
+Kernel(source, name, options=(), backend="auto")
+    `source`: CUDA C text or a path to a `.cu` file; `name`: the `extern "C" __global__`
+    function. `backend`: "gpu" (CuPy), "cpu" (emulator) or "auto" (gpu when
+    `xtrain_lessons.runtime.device.get_device() == "cuda"`). `options` go to NVRTC; on the CPU only
+    -D/-U/-I options are passed on to g++.
+kernel(grid, block, args, shared_mem=0)
+    The `cupy.RawKernel` calling convention. grid and block are ints or tuples of up to 3 ints;
+    args a tuple of arrays (C-contiguous; NumPy on the CPU, where the kernel writes into them in
+    place) and NumPy scalars of the parameter's exact type (np.int32 for `int`, np.float32 for
+    `float`). A Python int or float is refused with a TypeError: CuPy would pass it as a
+    64-bit value, which a GPU kernel silently misreads. shared_mem is the bytes of
+    `extern __shared__` memory per block.
+kernel.signature (CPU) — the parameter list, e.g. "const float*, float*, float, int".
+load_kernel("vector_add.cu", "vector_add") — a kernel of the package (xtrain_lessons/runtime/kernels/),
+    compiled once per process and backend.
+KernelError — a run-time failure: deadlock, barrier divergence. CompileError(KernelError) —
+    the compiler's message, with the line numbers of the .cu file.
+selftest() -> (ok, message) — compile and run vector add; used by `xtrain doctor`.
+
+What the CPU emulator checks (and a GPU would not tell you): shared memory starts as NaN
+(0xFF bytes) in every block, so a read before a write shows; a `__syncthreads()` that not
+every thread reaches, or that threads reach at different lines, raises KernelError naming the
+threads and the lines, instead of hanging; arguments must match the parameter types. Threads
+that return early count as arrived at later barriers. What it cannot see (races, warp lockstep,
+out-of-bounds indices) is listed in `xtrain_lessons.runtime.cuda.emulator`'s docstring.
+
+Writing a kernel that runs on both: declare it `extern "C" __global__ void name(...)` (CuPy
+finds it by that name; no templates), one `__shared__` variable per declaration, and pass
+scalars as NumPy scalars of the parameter's type.
+
+Environment: XTRAIN_CACHE_DIR (compiled kernels, default ~/.cache/xtrain-lessons/kernels),
+XTRAIN_EMULATOR_MODE=fibers|ucontext|threads (how a block's threads run; fibers is fastest),
+XTRAIN_EMULATOR_WORKERS (OS threads running blocks; default: one per core), CXX (default g++).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from xtrain_lessons.runtime.cuda.emulator import CompileError, CpuKernel, KernelError, check_launch
+from xtrain_lessons.runtime.device import get_device
+
+__all__ = ["Kernel", "KernelError", "CompileError", "load_kernel", "selftest", "KERNELS_DIR"]
+
+KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
+
+
+def _read_source(source: str | os.PathLike) -> tuple[str, str | None]:
+    """(text, file name): `source` is a path if it is a PathLike or a one-line str ending in .cu."""
+    if isinstance(source, os.PathLike) or ("\n" not in source and source.strip().endswith((".cu", ".cuh"))):
+        path = Path(source)
+        if not path.is_file():
+            raise FileNotFoundError(f"no CUDA source file {str(path)!r}")
+        return path.read_text(), str(path)
+    return str(source), None
+
+
+def _resolve_backend(backend: str) -> str:
+    if backend not in ("auto", "cpu", "gpu"):
+        raise ValueError(f"backend must be 'auto', 'cpu' or 'gpu', got {backend!r}")
+    if backend == "auto":
+        return "gpu" if get_device() == "cuda" else "cpu"
+    return backend
+
+
+class GpuKernel:
+    """`cupy.RawKernel` with the argument checks that need no type information."""
+    backend = "gpu"
+
+    def __init__(self, source: str, name: str, options=(), filename: str | None = None):
+        try:
+            import cupy
+        except ImportError as e:
+            raise RuntimeError("backend='gpu' needs CuPy (pip install cupy-cuda12x) and an NVIDIA GPU") from e
+        self.name, self.source, self.filename = name, source, filename or f"{name}.cu"
+        if filename and Path(filename).is_file():  # for #include "helper.cuh" next to the .cu
+            options = (*options, f"-I{Path(filename).resolve().parent}")
+        self._kernel = cupy.RawKernel(source, name, options=tuple(options))
+
+    def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
+        g, b, shmem = check_launch(grid, block, shared_mem)
+        for i, a in enumerate(args):
+            if isinstance(a, (bool, int, float)) and not isinstance(a, np.generic):
+                raise TypeError(f"argument {i}: got a Python {type(a).__name__}; pass a NumPy scalar of the "
+                                "parameter's type (np.int32(n), np.float32(x))")
+            if isinstance(a, np.ndarray):
+                raise TypeError(f"argument {i}: a NumPy array cannot be read by the GPU; use to_device(a)")
+            if hasattr(a, "flags") and not a.flags.c_contiguous:
+                raise ValueError(f"argument {i}: the array is not C-contiguous")
+        self._kernel(g, b, tuple(args), shared_mem=shmem)
+
+    def __repr__(self) -> str:
+        return f"GpuKernel({self.name}, {self.filename})"
+
+
+class Kernel:
+    """A CUDA C kernel, runnable on the GPU (CuPy) or the CPU (emulator); see the module doc."""
+    def __init__(self, source: str | os.PathLike, name: str, options=(), backend: str = "auto"):
+        text, filename = _read_source(source)
+        self.backend = _resolve_backend(backend)
+        impl = GpuKernel if self.backend == "gpu" else CpuKernel
+        self._impl = impl(text, name, tuple(options), filename)
+        self.name, self.source, self.filename = name, text, self._impl.filename
+
+    def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
+        self._impl(grid, block, args, shared_mem=shared_mem)
+
+    @property
+    def signature(self) -> str | None:
+        return getattr(self._impl, "signature", None)
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.name!r}, file={self.filename!r}, backend={self.backend!r})"
+
+
+_loaded: dict[tuple, Kernel] = {}
+_loaded_lock = threading.Lock()
+
+
+def load_kernel(filename: str, name: str, backend: str = "auto", options=()) -> Kernel:
+    """The kernel `name` of `xtrain_lessons/runtime/kernels/<filename>`, compiled once per process."""
+    key = (filename, name, _resolve_backend(backend), tuple(options))
+    with _loaded_lock:
+        if key not in _loaded:
+            _loaded[key] = Kernel(KERNELS_DIR / filename, name, options=options, backend=key[2])
+        return _loaded[key]
+
+
+def selftest() -> tuple[bool, str]:
+    """Compile and run the vector-add kernel on the CPU emulator; (ok, one-line message)."""
+    try:
+        t0 = time.perf_counter()
+        k = Kernel(KERNELS_DIR / "vector_add.cu", "vector_add", backend="cpu")
+        t1 = time.perf_counter()
+        n = 1000
+        a = np.arange(n, dtype=np.float32)
+        b = np.full(n, 0.5, np.float32)
+        c = np.zeros(n, np.float32)
+        k(((n + 255) // 256,), (256,), (a, b, c, np.int32(n)))
+        if not np.array_equal(c, a + b):
+            return False, "CUDA emulator: vector add gave wrong results"
+        return True, f"CUDA emulator: vector add ok (compile/load {1000 * (t1 - t0):.0f} ms)"
+    except Exception as e:  # doctor reports, never crashes
+        return False, f"CUDA emulator: {type(e).__name__}: {e}"

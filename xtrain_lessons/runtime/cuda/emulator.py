@@ -1,0 +1,500 @@
+"""The CPU emulator: run CUDA C kernels on the host by compiling them with g++.
+
+How a kernel runs
+-----------------
+1. The `.cu` source is prepared: `__shared__` declarations are rewritten into lookups in a
+   per-block arena, a `#line` directive keeps the user's file name and line numbers, and one
+   `extern "C"` launcher per `__global__` function is appended. The launcher takes `void** args`
+   exactly as `cudaLaunchKernel` does and unpacks them by the kernel's parameter types
+   (a variadic template deduces them from the function pointer).
+2. g++ compiles it (`-std=c++20 -O2 -shared -fPIC`, `-include xtrain_cuda_compat.h`) into a
+   shared library, cached by a hash of (source, headers, flags, compiler version) in
+   $XTRAIN_CACHE_DIR or ~/.cache/xtrain-lessons/kernels. The header is light, so a kernel
+   compiles in well under a second; the scheduler lives in a runtime library
+   (xtrain_emulator_runtime.h) compiled once per machine, which every kernel library links.
+3. ctypes loads it; each call checks the arguments against the parameter types exported by the
+   library, then launches: blocks are spread over a few OS threads (one per core,
+   $XTRAIN_EMULATOR_WORKERS); inside a block every CUDA thread is a fiber — a user-space
+   stack — and the scheduler switches fibers at `__syncthreads()` and at warp operations
+   (a hand-written x86-64 stack switch; swapcontext elsewhere). Kernels with no barrier and no
+   warp operation in their source take a fast path: a block's threads are plain calls in a loop.
+
+$XTRAIN_EMULATOR_MODE picks how the threads of a block run: `fibers` (default), `ucontext`
+(the same fibers switched with POSIX swapcontext: portable, ~6x slower) or `threads` (one
+std::thread per CUDA thread, all running in parallel; a barrier is a mutex and condition
+variables: only needs C++20, real races between threads, and much slower — see
+scripts/bench_emulator.py). The three share the barrier rules, so they give the same results
+and the same error reports.
+
+Checks the emulator makes
+-------------------------
+* Shared memory is filled with 0xFF bytes (a NaN for floats, -1 for ints) before every block,
+  so reading shared memory nobody wrote shows up in the result.
+* A `__syncthreads()` that can never complete, or that different threads reach at different
+  source lines, raises `KernelError` naming the block, the threads and the lines. So does a
+  warp whose lanes wait at different kinds of warp operation.
+* Arguments are checked: a float64 array for a `float*`, an np.float64 for a `float`, a
+  non-contiguous or read-only array, or a Python int/float (CuPy would pass them as 64-bit
+  values) raise `TypeError`/`ValueError` naming the parameter.
+
+Where the emulator differs from a GPU (fidelity limits)
+-------------------------------------------------------
+* No warp lockstep: the threads of a warp run one after another between synchronisation
+  points, so code that relies on implicit warp-synchronous execution (no `__syncwarp`) is wrong
+  here, as it is on Volta and later GPUs.
+* Memory ordering is stronger: with fibers the threads of a block run one at a time, so most
+  data races between them are invisible; the NaN-filled shared memory catches the common
+  missing-barrier bug, not every race (`threads` mode makes races real, but rarely visible).
+  Races between blocks are real (blocks run in parallel) but also rarely observable.
+* Warp masks are ignored: a warp operation waits for every live lane of the warp.
+* Threads that have returned count as arrived at every later `__syncthreads()` (early return
+  does not deadlock). In CUDA a barrier not reached by every thread is undefined behaviour.
+* No bounds checks: an out-of-range index reads or writes host memory (it may crash Python).
+  A fiber has a 124 KB stack (a GPU thread has 1 KB by default); deep recursion or big local
+  arrays overflow it (a crash). Dynamic shared memory is not limited to 48 KB.
+  A thread stuck in an endless loop hangs the launch, as on a GPU (Ctrl-C cannot stop it).
+* `__constant__` and `__device__` variables are ordinary globals, not settable from Python.
+  A kernel's `printf` output is copied to Python's sys.stdout when the launch ends (so that
+  Jupyter shows it); lines from different blocks come in any order, as on a GPU.
+* Kernels must be non-template `__global__ void` functions, ideally `extern "C"` as
+  `cupy.RawKernel` requires. `__shared__` at file scope is not supported.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+EMULATOR_VERSION = "1"
+INCLUDE_DIR = Path(__file__).resolve().parent / "include"
+COMPAT_HEADER = "xtrain_cuda_compat.h"
+RUNTIME_HEADER = "xtrain_emulator_runtime.h"
+CXX_FLAGS = ("-std=c++20", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-pthread")
+MODES = {"fibers": 0, "ucontext": 1, "threads": 2}
+_SYNC_OPS = re.compile(r"\b(__syncthreads|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|__all_sync|__activemask)\b")
+
+
+class KernelError(RuntimeError):
+    """A kernel failed at run time (deadlock, barrier divergence, ...)."""
+
+
+class CompileError(KernelError):
+    """The compiler rejected the kernel source; the message holds its output."""
+
+
+# ------------------------------------------------------------------ source preparation
+def strip_comments(src: str) -> str:
+    """Blank out comments and string/char literals, keeping every newline (offsets still match)."""
+    def blank(m: re.Match) -> str:
+        return re.sub(r"[^\n]", " ", m.group(0))
+    return re.sub(r"""//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*'""", blank, src, flags=re.S)
+
+
+_BOUNDS = r"(?:__launch_bounds__\s*\([^)]*\)\s*)?"
+_KERNEL_RE = re.compile(r"__global__\s+" + _BOUNDS + r"void\s+" + _BOUNDS + r"([A-Za-z_]\w*)\s*\(")
+
+
+def find_kernels(src: str) -> dict[str, tuple[int, int]]:
+    """Map each `__global__ void name(` to the (start, end) of its body in the stripped source."""
+    code = strip_comments(src)
+    kernels = {}
+    for m in _KERNEL_RE.finditer(code):
+        depth, i = 0, m.end() - 1
+        while i < len(code):  # skip the parameter list
+            depth += {"(": 1, ")": -1}.get(code[i], 0)
+            i += 1
+            if depth == 0:
+                break
+        start = code.find("{", i)
+        if start < 0 or code[i:start].strip():
+            continue  # a declaration, not a definition
+        depth, j = 0, start
+        while j < len(code):
+            depth += {"{": 1, "}": -1}.get(code[j], 0)
+            j += 1
+            if depth == 0:
+                break
+        kernels[m.group(1)] = (start, j)
+    return kernels
+
+
+def needs_fibers(src: str, name: str, included: str = "") -> bool:
+    """True unless we are sure the kernel never reaches a barrier or warp operation.
+
+    A kernel needs the fiber scheduler if its own body uses one, or if one is used anywhere
+    outside the kernel bodies (a __device__ helper it might call, maybe in an included file)."""
+    if _SYNC_OPS.search(strip_comments(included)):
+        return True
+    code = strip_comments(src)
+    kernels = find_kernels(src)
+    if name not in kernels:
+        return bool(_SYNC_OPS.search(code))
+    start, end = kernels[name]
+    if _SYNC_OPS.search(code, start, end):
+        return True
+    outside = code
+    for s, e in kernels.values():
+        outside = outside[:s] + " " * (e - s) + outside[e:]
+    return bool(_SYNC_OPS.search(outside))
+
+
+_QUAL = r"(?:(?:volatile|static)\s+)*"
+_SHARED_RE = re.compile(
+    r"(?P<pre>" + _QUAL + r")(?P<ext>extern\s+" + _QUAL + r")?__shared__\s+"
+    r"(?P<type>(?:[^;{}()=\[\]]|\([^()]*\))+?)\s*\b(?P<name>[A-Za-z_]\w*)\s*"
+    r"(?P<dims>(?:\[[^\]]*\]\s*)*);"
+)
+_ALIGN_RE = re.compile(r"__align__\s*\([^)]*\)|alignas\s*\([^)]*\)|\bstatic\b")
+
+
+def rewrite_shared(src: str) -> str:
+    """Turn `__shared__` declarations into references into the block's shared arenas.
+
+    `__shared__ float t[16][16];` becomes a reference to a slot of the static arena reserved
+    once per declaration; `extern __shared__ float s[];` a pointer to the dynamic arena.
+    Everything stays on one line so line numbers do not move."""
+    code = strip_comments(src)
+
+    def repl(m: re.Match) -> str:
+        if code[m.start()] != " " and code[: m.start()].count("{") == code[: m.start()].count("}"):
+            line = src.count("\n", 0, m.start()) + 1
+            raise CompileError(f"line {line}: __shared__ variables at file scope are not supported by the "
+                               "CPU emulator; declare them inside the kernel")
+        quals = " ".join(m.group(0)[: m.start("type") - m.start()].split())
+        volatile = "volatile " if "volatile" in quals else ""
+        typ = " ".join(_ALIGN_RE.sub(" ", m.group("type")).split())
+        name, dims = m.group("name"), "".join(m.group("dims").split())
+        if m.group("ext"):
+            return f"{volatile}{typ}* const {name} = reinterpret_cast<{volatile}{typ}*>(xt_dynamic_shared());"
+        t = f"xt_shared_t_{name}"
+        return (f"using {t} = {volatile}{typ}{dims}; "
+                f"static const xt_site_t xt_site_{name} = xt::new_site(sizeof({t}), alignof({t})); "
+                f"{t}& {name} = *reinterpret_cast<{t}*>(xt_shared_site(&xt_site_{name}));")
+    return _SHARED_RE.sub(repl, src)
+
+
+def prepare_source(source: str, filename: str) -> tuple[str, list[str]]:
+    """The C++ translation unit for `source`, and the names of the kernels it launches."""
+    names = list(find_kernels(source))
+    fname = filename.replace("\\", "/").replace('"', "")
+    try:
+        body = rewrite_shared(source)
+    except CompileError as e:
+        raise CompileError(f"{fname}: {e}") from None
+    lines = [f'#line 1 "{fname}"', body, "", '#line 1 "<xtrain kernel launchers>"']
+    for n in names:
+        lines.append(
+            f'extern "C" __attribute__((visibility("default"))) int xt_launch_{n}(const unsigned* g, '
+            f"const unsigned* b, unsigned long long shmem, void** args, int mode, int workers, int fast, "
+            f"char* err, unsigned long long errlen) {{ return xt::launch(&{n}, g, b, shmem, args, mode, "
+            f"workers, fast, err, errlen); }}")
+        lines.append(f'extern "C" __attribute__((visibility("default"))) const char* xt_signature_{n}() '
+                     f"{{ return xt::signature(&{n}); }}")
+    return "\n".join(lines) + "\n", names
+
+
+# ------------------------------------------------------------------ compiling and caching
+def cache_dir() -> Path:
+    d = os.environ.get("XTRAIN_CACHE_DIR")
+    return Path(d) if d else Path.home() / ".cache" / "xtrain-lessons" / "kernels"
+
+
+def compiler() -> str:
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
+    if not cxx:
+        raise CompileError("no C++ compiler found: install g++ (or set $CXX) to run kernels on the CPU")
+    return cxx
+
+
+_version_cache: dict[str, str] = {}
+
+
+def _compiler_version(cxx: str) -> str:
+    if cxx not in _version_cache:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True)
+        _version_cache[cxx] = out.stdout.splitlines()[0] if out.stdout else cxx
+    return _version_cache[cxx]
+
+
+def _headers_text() -> str:
+    return "".join(p.read_text() for p in sorted(INCLUDE_DIR.glob("*.h")))
+
+
+def _build(cpp: str, flags: tuple[str, ...], prefix: str, filename: str, link: tuple[str, ...] = (),
+           source: str | None = None) -> Path:
+    """Compile `cpp` into <cache>/<prefix><hash>.so unless it is there already.
+
+    `source`: the text of a kernel given as a string; it is written beside the translation
+    unit under `filename`, so that g++ can quote the offending line in its messages."""
+    cxx = compiler()
+    key = hashlib.sha256("\0".join([EMULATOR_VERSION, cpp, _headers_text(), " ".join(flags + link),
+                                     _compiler_version(cxx)]).encode()).hexdigest()[:32]
+    out_dir = cache_dir()
+    lib = out_dir / f"{prefix}{key}.so"
+    if lib.exists():
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="build-", dir=out_dir))
+    try:
+        src = tmp / "kernel.cpp"
+        src.write_text(cpp)
+        if source is not None:
+            (tmp / Path(filename).name).write_text(source)
+        cmd = [cxx, *flags, "-x", "c++", str(src), "-x", "none", *link, "-o", str(tmp / "kernel.so")]
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp if source is not None else None)
+        if res.returncode != 0:
+            msg = res.stderr.replace(str(tmp) + os.sep, "")
+            raise CompileError(f"compiling {filename} for the CPU emulator failed:\n{msg.strip()}")
+        os.replace(tmp / "kernel.cpp", out_dir / f"{prefix}{key}.cpp")  # kept for the curious
+        os.replace(tmp / "kernel.so", lib)  # atomic: other processes see all or nothing
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return lib
+
+
+def runtime_library() -> Path:
+    """The emulator runtime (scheduler, fibers, workers), compiled once per machine."""
+    cpp = f'#include "{RUNTIME_HEADER}"\n'
+    return _build(cpp, (*CXX_FLAGS, "-I", str(INCLUDE_DIR)), "xtrain-runtime-", RUNTIME_HEADER)
+
+
+def compile_library(cpp: str, flags: tuple[str, ...] = (), filename: str = "kernel.cu",
+                    source: str | None = None) -> Path:
+    """Compile a prepared kernel translation unit into a shared library; return its cached path.
+
+    The library links the runtime library by its full path, so loading it loads the runtime.
+    A kernel read from a file may `#include "helper.cuh"` from its own folder; the included
+    files' text is part of the cache key (one level deep)."""
+    runtime = runtime_library()
+    load_library(runtime)
+    folder = Path(filename).parent if Path(filename).is_file() else None
+    local = ()
+    if folder is not None:
+        local = ("-I", str(folder))
+        cpp += f"// included: {hashlib.sha256(_local_includes(cpp, filename).encode()).hexdigest()}\n"
+    cmd_flags = (*CXX_FLAGS, "-I", str(INCLUDE_DIR), *local, "-include", COMPAT_HEADER, *flags)
+    return _build(cpp, cmd_flags, "", filename, link=(str(runtime),), source=source)
+
+
+# ------------------------------------------------------------------ argument types
+_CTYPE_NAMES = {"f4": "float", "f8": "double", "i1": "signed char", "u1": "unsigned char", "i2": "short",
+                "u2": "unsigned short", "i4": "int", "u4": "unsigned int", "i8": "long long",
+                "u8": "unsigned long long", "b1": "bool", "bf16": "__nv_bfloat16", "v": "void"}
+_DTYPES = {"f4": np.float32, "f8": np.float64, "i1": np.int8, "u1": np.uint8, "i2": np.int16, "u2": np.uint16,
+           "i4": np.int32, "u4": np.uint32, "i8": np.int64, "u8": np.uint64, "b1": np.bool_}
+
+
+def _bf16_dtypes() -> tuple:
+    try:
+        return (np.dtype(ml_dtypes.bfloat16), np.dtype(np.uint16))
+    except ImportError:
+        return (np.dtype(np.uint16),)
+
+
+class Param:
+    """One kernel parameter, parsed from the type code exported by the compiled library."""
+    def __init__(self, index: int, code: str):
+        self.index, self.code = index, code
+        self.pointer = "*" in code
+        self.const = code.startswith("c*")
+        self.base = code.split("*")[-1]
+        if self.base.startswith("?"):
+            self.ctype, self.size = f"<{self.base[1:]}-byte struct>", int(self.base[1:])
+        else:
+            self.ctype = _CTYPE_NAMES[self.base]
+            self.size = 2 if self.base == "bf16" else np.dtype(_DTYPES.get(self.base, np.void)).itemsize
+
+    @property
+    def c_decl(self) -> str:
+        return ("const " if self.const else "") + self.ctype + ("*" if self.pointer else "")
+
+    def dtypes(self) -> tuple:
+        if self.base == "bf16":
+            return _bf16_dtypes()
+        return (np.dtype(_DTYPES[self.base]),) if self.base in _DTYPES else ()
+
+    def _where(self) -> str:
+        return f"argument {self.index} ({self.c_decl})"
+
+    def pack(self, value, slots: np.ndarray, keep: list) -> None:
+        """Store the argument's bytes in slots[index] (a uint64); raise if it does not fit."""
+        i = self.index
+        if self.pointer:
+            if not isinstance(value, np.ndarray):
+                kind = "a CuPy array: the CPU emulator needs NumPy arrays (use to_host)" \
+                    if type(value).__module__.startswith("cupy") else f"{type(value).__name__}"
+                raise TypeError(f"{self._where()}: expected a NumPy array, got {kind}")
+            ok = self.dtypes()
+            if ok and value.dtype not in ok:
+                want = " or ".join(str(d) for d in ok)
+                raise TypeError(f"{self._where()}: expected a {want} array, got {value.dtype}")
+            if not value.flags.c_contiguous:
+                raise ValueError(f"{self._where()}: the array is not C-contiguous; pass np.ascontiguousarray(a)")
+            if not self.const and not value.flags.writeable:
+                raise ValueError(f"{self._where()}: the array is read-only but the kernel may write to it")
+            slots[i] = value.ctypes.data
+            keep.append(value)
+            return
+        if isinstance(value, (bool, int, float)) and not isinstance(value, np.generic):
+            hint = {"f4": "np.float32", "f8": "np.float64", "i4": "np.int32", "u4": "np.uint32",
+                    "i8": "np.int64", "u8": "np.uint64", "b1": "np.bool_"}.get(self.base, "a NumPy scalar")
+            raise TypeError(f"{self._where()}: got a Python {type(value).__name__}; pass {hint}(...) — "
+                            "CuPy passes Python ints and floats as 64-bit values, so the type must be explicit")
+        ok = self.dtypes()
+        if self.base.startswith("?"):
+            if not (isinstance(value, np.generic) and value.dtype.itemsize == self.size):
+                raise TypeError(f"{self._where()}: expected a NumPy structured scalar of {self.size} bytes")
+        elif not isinstance(value, np.generic) or value.dtype not in ok:
+            got = value.dtype if isinstance(value, np.generic) else type(value).__name__
+            raise TypeError(f"{self._where()}: expected {ok[0].name if ok else self.ctype}, got {got}")
+        raw = np.frombuffer(value.tobytes(), np.uint8)
+        slots[i : i + 1].view(np.uint8)[: raw.size] = raw
+
+
+def _dim3(v, what: str) -> tuple[int, int, int]:
+    t = (v,) if isinstance(v, (int, np.integer)) else tuple(v)
+    if not 1 <= len(t) <= 3 or any(int(x) < 1 for x in t):
+        raise ValueError(f"{what} must be a positive int or a tuple of 1-3 positive ints, got {v!r}")
+    return tuple(int(x) for x in t) + (1,) * (3 - len(t))
+
+
+def check_launch(grid, block, shared_mem) -> tuple[tuple, tuple, int]:
+    """Normalise grid/block to 3-tuples and apply CUDA's limits."""
+    g, b = _dim3(grid, "grid"), _dim3(block, "block")
+    if b[0] * b[1] * b[2] > 1024 or b[2] > 64:
+        raise ValueError(f"block {b} has more than 1024 threads (or z > 64): CUDA cannot launch it")
+    if g[1] > 65535 or g[2] > 65535:
+        raise ValueError(f"grid {g}: y and z must be at most 65535")
+    if int(shared_mem) < 0:
+        raise ValueError("shared_mem must be >= 0")
+    return g, b, int(shared_mem)
+
+
+# ------------------------------------------------------------------ loading and launching
+_libs: dict[Path, ctypes.CDLL] = {}
+_lock = threading.Lock()
+
+
+def load_library(path: Path) -> ctypes.CDLL:
+    with _lock:
+        if path not in _libs:
+            _libs[path] = ctypes.CDLL(str(path))
+        return _libs[path]
+
+
+def _cpu_flags(options) -> tuple[str, ...]:
+    """Of the (NVRTC-style) options, the ones that mean the same to g++: -D, -U, -I."""
+    return tuple(o for o in options if o.startswith(("-D", "-U", "-I")))
+
+
+def emulator_mode() -> str:
+    mode = os.environ.get("XTRAIN_EMULATOR_MODE", "fibers")
+    if mode not in MODES:
+        raise ValueError(f"XTRAIN_EMULATOR_MODE={mode!r}: choose one of {', '.join(MODES)}")
+    return mode
+
+
+_CPUS = os.cpu_count() or 1
+
+
+def emulator_workers() -> int:
+    """How many OS threads run blocks: $XTRAIN_EMULATOR_WORKERS, else one per core."""
+    return int(os.environ.get("XTRAIN_EMULATOR_WORKERS", 0)) or _CPUS
+
+
+def _with_c_stdout_to_python(fn):
+    """Run fn() with the C stdout (a kernel's printf) copied to Python's sys.stdout afterwards,
+    so that kernel output shows in Jupyter, which only sees Python's stdout."""
+    sys.stdout.flush()
+    libc = ctypes.CDLL(None)
+    with tempfile.TemporaryFile() as tmp:
+        saved = os.dup(1)
+        os.dup2(tmp.fileno(), 1)
+        try:
+            result = fn()
+        finally:
+            libc.fflush(None)
+            os.dup2(saved, 1)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read().decode(errors="replace")
+    if text:
+        sys.stdout.write(text)
+    return result
+
+
+def _local_includes(source: str, filename: str) -> str:
+    """The text of the files a kernel file includes from its own folder (one level deep)."""
+    folder = Path(filename).parent if Path(filename).is_file() else None
+    if folder is None:
+        return ""
+    found = [folder / inc for inc in re.findall(r'#\s*include\s*"([^"]+)"', source)]
+    return "".join(p.read_text() for p in found if p.is_file())
+
+
+class CpuKernel:
+    """A kernel compiled for the CPU emulator; call it like `cupy.RawKernel`."""
+    backend = "cpu"
+
+    def __init__(self, source: str, name: str, options=(), filename: str | None = None):
+        self.name, self.source = name, source
+        self.filename = filename or f"{name}.cu"
+        cpp, names = prepare_source(source, self.filename)
+        if name not in names:
+            found = ", ".join(names) or "none"
+            raise CompileError(f"no __global__ function named {name!r} in {self.filename} (found: {found})")
+        from_file = filename is not None and Path(filename).is_file()
+        self.library_path = compile_library(cpp, _cpu_flags(options), self.filename,
+                                            source=None if from_file else source)
+        lib = load_library(self.library_path)
+        sig = getattr(lib, f"xt_signature_{name}")
+        sig.restype = ctypes.c_char_p
+        codes = sig().decode()
+        self.params = [Param(i, c) for i, c in enumerate(codes.split(",") if codes else [])]
+        self._launch = getattr(lib, f"xt_launch_{name}")
+        self._launch.restype = ctypes.c_int
+        self._launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p,
+                                 ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_ulonglong]
+        self.uses_barriers = needs_fibers(source, name, _local_includes(source, self.filename))
+        self.uses_printf = "printf" in strip_comments(source)
+
+    @property
+    def signature(self) -> str:
+        """The C parameter list, e.g. 'const float*, const float*, float*, int'."""
+        return ", ".join(p.c_decl for p in self.params)
+
+    def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
+        g, b, shmem = check_launch(grid, block, shared_mem)
+        args = tuple(args)
+        if len(args) != len(self.params):
+            raise TypeError(f"kernel {self.name}({self.signature}) takes {len(self.params)} arguments, "
+                            f"got {len(args)}")
+        slots = np.zeros(max(len(args), 1), np.uint64)
+        keep: list = []
+        for p, a in zip(self.params, args):
+            p.pack(a, slots, keep)
+        ptrs = slots.ctypes.data + 8 * np.arange(len(slots), dtype=np.uint64)
+        err = ctypes.create_string_buffer(4096)
+        dims = (ctypes.c_uint * 6)(*g, *b)
+
+        def launch() -> int:
+            return self._launch(ctypes.addressof(dims), ctypes.addressof(dims) + 12, shmem, ptrs.ctypes.data,
+                                MODES[emulator_mode()], emulator_workers(), 0 if self.uses_barriers else 1,
+                                err, len(err))
+        rc = _with_c_stdout_to_python(launch) if self.uses_printf else launch()
+        if rc != 0:
+            raise KernelError(f"kernel {self.name} ({self.filename}): {err.value.decode(errors='replace')}")
+
+    def __repr__(self) -> str:
+        return f"CpuKernel({self.name}({self.signature}), {self.filename})"

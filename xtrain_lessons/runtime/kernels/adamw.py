@@ -1,0 +1,68 @@
+"""Fused AdamW: the launcher for kernels/adamw.cu and its NumPy reference.
+
+The optimizer built on it is `xtrain_lessons.training.fused_adamw.FusedAdamW`.
+
+adamw_flat(p, g, m, v, step, lr, betas, eps, weight_decay, n_decay) updates flat buffers in
+place (one launch); adamw_reference(...) is the same update in NumPy, with the engine AdamW's
+arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from xtrain_lessons.runtime.cuda import load_kernel
+from xtrain_lessons.runtime.device import array_module, kernel_backend
+
+__all__ = ["adamw_flat", "adamw_reference", "adamw_scalars", "BLOCK"]
+
+BLOCK = 256
+MAX_GRID = 1024
+
+
+def adamw_scalars(step: int, lr: float, betas, eps: float, weight_decay: float) -> tuple:
+    """The float32 scalars of the kernel for step `step` (1-based), rounded as the engine's
+    AdamW rounds them (a Python float meeting a float32 array becomes float32)."""
+    b1, b2 = betas
+    f = np.float32
+    return (f(1.0 - lr * weight_decay), f(1.0 - b1), f(b2), f(1.0 - b2),
+            f(math.sqrt(1.0 - b2 ** step)), f(eps), f(-(lr / (1.0 - b1 ** step))))
+
+
+def adamw_flat(p, g, m, v, step: int, lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
+               weight_decay: float = 0.0, n_decay: int | None = None, kernel=None) -> None:
+    """One AdamW step over flat float32 buffers, in place, by one launch of `adamw_step`.
+    Elements [0, n_decay) are decayed (all of them when n_decay is None). `kernel`: another
+    compiled `adamw_step` (the T07 notebook passes the learner's)."""
+    xp = array_module(p)
+    n = int(p.size)
+    for name, a in (("p", p), ("g", g), ("m", m), ("v", v)):
+        if a.dtype != np.float32 or a.ndim != 1 or a.size != n or not a.flags.c_contiguous:
+            raise ValueError(f"adamw_flat: {name} must be a contiguous 1-D float32 array of "
+                             f"{n} elements, got {a.dtype} {a.shape}")
+    if n == 0:
+        return
+    n_decay = n if n_decay is None else int(n_decay)
+    if kernel is None:
+        kernel = load_kernel("adamw.cu", "adamw_step", backend=kernel_backend(xp))
+    grid = min((n + BLOCK - 1) // BLOCK, MAX_GRID)
+    kernel((grid,), (BLOCK,), (p, g, m, v) + adamw_scalars(step, lr, betas, eps, weight_decay)
+           + (np.int32(n), np.int32(n_decay)))
+
+
+def adamw_reference(p, g, m, v, step: int, lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
+                    weight_decay: float = 0.0, n_decay: int | None = None) -> None:
+    """The NumPy reference of adamw_flat (in place), with the engine AdamW's arithmetic."""
+    n_decay = p.size if n_decay is None else int(n_decay)
+    decay, omb1, b2, omb2, bc2_sqrt, eps32, neg_step = adamw_scalars(step, lr, betas, eps,
+                                                                    weight_decay)
+    p[:n_decay] *= decay
+    m += omb1 * (g - m)
+    v *= b2
+    v += omb2 * (g * g)
+    denom = np.sqrt(v)
+    denom /= bc2_sqrt
+    denom += eps32
+    p += neg_step * (m / denom)

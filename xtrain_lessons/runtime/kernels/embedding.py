@@ -1,0 +1,91 @@
+"""Token embeddings: launchers for kernels/embedding.cu (gather forward, scatter-add backward)
+and their NumPy references.
+
+    from xtrain_lessons.runtime.kernels.embedding import embedding_forward, embedding_backward
+    out = embedding_forward(ids, weight)                  # (*ids.shape, dim) = weight[ids]
+    dweight = embedding_backward(ids, dout, vocab)        # (vocab, dim): rows summed per id
+
+ids may have any shape and any integer dtype (they are checked to lie in [0, vocab), then
+passed to the kernel as int32); weight and dout must be C-contiguous float32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xtrain_lessons.runtime.cuda import load_kernel
+from xtrain_lessons.runtime.device import array_module, kernel_backend
+
+BLOCK = 256
+
+
+def _check_float32(x, what: str) -> None:
+    if x.dtype != np.float32:
+        raise TypeError(f"{what}: expected a float32 array, got {x.dtype} (convert with .astype(np.float32))")
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{what}: the array is not C-contiguous (use ascontiguousarray)")
+
+
+def _checked_ids(ids, vocab: int, xp):
+    """ids as a contiguous int32 array of the same device; IndexError naming the first bad id."""
+    if ids.dtype.kind not in "iu":
+        raise TypeError(f"ids: expected an integer array, got {ids.dtype}")
+    if ids.size:
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= vocab:
+            flat = ids.reshape(-1)
+            bad = int(xp.argmax((flat < 0) | (flat >= vocab)))
+            raise IndexError(f"token id {int(flat[bad])} at position {bad} is out of range for a vocabulary "
+                             f"of {vocab} (ids must lie in [0, {vocab}))")
+    return xp.ascontiguousarray(ids, dtype=xp.int32)
+
+
+def embedding_forward(ids, weight, block: int = BLOCK):
+    """weight[ids]: shape (*ids.shape, dim), gathered by the CUDA kernel."""
+    xp = array_module(weight)
+    _check_float32(weight, "weight")
+    if weight.ndim != 2:
+        raise ValueError(f"weight: expected shape (vocab, dim), got {weight.shape}")
+    vocab, dim = weight.shape
+    ids32 = _checked_ids(ids, vocab, xp)
+    out = xp.empty((*ids.shape, dim), dtype=xp.float32)
+    n = ids32.size * dim
+    if n == 0:
+        return out
+    kernel = load_kernel("embedding.cu", "embedding_forward", backend=kernel_backend(xp))
+    kernel(((n + block - 1) // block,), (block,),
+           (ids32, weight, out, np.int32(ids32.size), np.int32(vocab), np.int32(dim)))
+    return out
+
+
+def embedding_backward(ids, dout, vocab: int, block: int = BLOCK):
+    """dweight (vocab, dim) with dweight[v] = sum of dout[t] over the positions t where ids[t] = v,
+    accumulated by the CUDA kernel with atomicAdd (summation order unspecified)."""
+    xp = array_module(dout)
+    _check_float32(dout, "dout")
+    ids32 = _checked_ids(ids, vocab, xp)
+    if dout.shape[:-1] != tuple(ids.shape):
+        raise ValueError(f"dout: expected shape {(*ids.shape, 'dim')}, got {dout.shape}")
+    dim = dout.shape[-1]
+    dweight = xp.zeros((vocab, dim), dtype=xp.float32)
+    n = ids32.size * dim
+    if n == 0:
+        return dweight
+    kernel = load_kernel("embedding.cu", "embedding_backward", backend=kernel_backend(xp))
+    kernel(((n + block - 1) // block,), (block,),
+           (ids32, dout, dweight, np.int32(ids32.size), np.int32(vocab), np.int32(dim)))
+    return dweight
+
+
+def embedding_forward_reference(ids, weight):
+    """The NumPy reference: fancy indexing."""
+    return np.asarray(weight, dtype=np.float32)[np.asarray(ids)]
+
+
+def embedding_backward_reference(ids, dout, vocab: int):
+    """The NumPy reference: np.add.at sums the rows of dout into dweight, in float64."""
+    ids = np.asarray(ids).reshape(-1)
+    dout = np.asarray(dout, dtype=np.float64).reshape(ids.size, -1)
+    dweight = np.zeros((vocab, dout.shape[1]), np.float64)
+    np.add.at(dweight, ids, dout)
+    return dweight.astype(np.float32)
