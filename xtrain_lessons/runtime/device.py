@@ -178,7 +178,7 @@ class Timer:
 def describe() -> str:
     """One line naming the device, e.g. "device: cpu (NumPy 2.1.0)"."""
     if get_device() == "cuda":
-        import cupy
+        cupy = import_cupy()
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
         mem = props["totalGlobalMem"] / 2**30
