@@ -54,16 +54,16 @@ __all__ = ["GRPOConfig", "Rollout", "sample_group", "group_advantages", "rollout
 class GRPOConfig:
     """Settings of a GRPO run (the defaults fit 2 CPU cores and the `tiny` model)."""
 
-    steps: int = 40                 # GRPO steps (each: sample, score, inner_steps updates)
+    steps: int = 60                 # GRPO steps (each: sample, score, inner_steps updates)
     group: int = 8                  # G: completions per prompt
     prompts_per_step: int = 2       # prompts per step (batch = prompts_per_step * group)
     max_new_tokens: int = 48        # completion length limit (stops earlier at end-of-text)
     temperature: float = 1.0        # sampling temperature of the rollouts
     top_p: float | None = None      # nucleus sampling of the rollouts (None: off)
     clip_eps: float = 0.2           # PPO clip: the ratio is kept in [1 - eps, 1 + eps]
-    kl_coef: float = 0.0            # beta of the k3 KL penalty to the frozen start model (0: off)
+    kl_coef: float = 0.05           # beta of the k3 KL penalty to the frozen start model (0: off)
     inner_steps: int = 2            # optimizer steps on each batch of rollouts
-    lr: float = 3e-4                # AdamW learning rate (constant)
+    lr: float = 1e-4                # AdamW learning rate (constant)
     weight_decay: float = 0.0
     grad_clip: float = 1.0          # global gradient-norm clip (0: off)
     adv_eps: float = 1e-4           # A = (r - mean) / (std + adv_eps)

@@ -114,11 +114,11 @@ def _post_train(args, cfg, reward, prompts, model, tok, ck, out: Path) -> int:
 
     from xtrain_lessons.grpo import grpo_step  # noqa: PLC0415
     from xtrain_lessons.optim import AdamW  # noqa: PLC0415
-    from xtrain_lessons.rowwise import get_threads, set_threads  # noqa: PLC0415
+    from xtrain_lessons.rowwise import get_threads, set_blas_threads  # noqa: PLC0415
     from xtrain_lessons.tokenizer import eot_id  # noqa: PLC0415
 
     threads_before = get_threads()
-    set_threads(args.threads)
+    set_blas_threads(args.threads)
     eos = eot_id(tok)
     encoded = [(p, tok.encode(p).ids or [eos]) for p in prompts]
     decode = _decoder(tok, eos)
@@ -159,7 +159,7 @@ def _post_train(args, cfg, reward, prompts, model, tok, ck, out: Path) -> int:
                "val_loss_before": before["val_loss"], "val_loss_after": after["val_loss"],
                "kl_last": history[-1]["kl"] if history else None}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    set_threads(threads_before)
+    set_blas_threads(threads_before)
     vl = ("" if before["val_loss"] is None else
           f"; validation loss {before['val_loss']:.4f} -> {after['val_loss']:.4f}")
     print(f"mean reward {before['reward']:.3f} -> {after['reward']:.3f} on {len(encoded)} prompts x "
