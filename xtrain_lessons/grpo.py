@@ -222,7 +222,7 @@ def masked_mean_per_sequence(values, mask):
     n = mask.sum(axis=1, keepdims=True)
     w = mask / (np.maximum(n, 1.0) * mask.shape[0])  # a row without tokens weighs nothing
     if isinstance(values, Tensor):
-        return ops.sum(values * w.astype(values.dtype))
+        return ops.sum(values * array_module(values.data).asarray(w, dtype=values.dtype))
     return float((np.asarray(values, dtype=np.float64) * w).sum())
 
 
@@ -234,27 +234,27 @@ def clipped_pg_loss(logp, old_logp, adv, mask, clip_eps: float = 0.2, ref_logp=N
     one advantage per sequence; mask (B, T): 1 on completion tokens.
     Returns (loss Tensor, {"clip_frac", "kl", "ratio_mean"}).
     """
-    old = np.asarray(old_logp, dtype=logp.dtype)
-    a = np.asarray(adv, dtype=logp.dtype)[:, None]  # (B, 1)
+    xp = array_module(logp.data)  # NumPy, or CuPy on a GPU
+    old = xp.asarray(_host(old_logp), dtype=logp.dtype)
+    a = xp.asarray(_host(adv), dtype=logp.dtype)[:, None]  # (B, 1)
     ratio = ops.exp(logp - old)  # (B, T)
     r = ratio.data
     # min(rho A, clip(rho) A): the clipped branch is a constant (no gradient) exactly where the
     # ratio has left [1 - eps, 1 + eps] in the direction the advantage pushes it
     clipped = ((a > 0) & (r > 1 + clip_eps)) | ((a < 0) & (r < 1 - clip_eps))
-    bound = np.where(a > 0, 1 + clip_eps, 1 - clip_eps).astype(logp.dtype)
-    surrogate = ops.where(clipped, Tensor(bound * a * np.ones_like(r)), ratio * a)
+    bound = xp.where(a > 0, 1 + clip_eps, 1 - clip_eps).astype(logp.dtype)
+    surrogate = ops.where(clipped, Tensor(bound * a * xp.ones_like(r)), ratio * a)
     per_token = -surrogate
     kl_value = 0.0
-    if kl_coef and ref_logp is not None:
-        d = np.asarray(ref_logp, dtype=logp.dtype) - logp  # q - p
-        kl = ops.exp(d) - d - 1.0
-        per_token = per_token + kl * kl_coef
-        kl_value = masked_mean_per_sequence(kl.data, mask)
-    elif ref_logp is not None:
-        d = np.asarray(ref_logp, dtype=np.float64) - logp.data
-        kl_value = masked_mean_per_sequence(np.exp(d) - d - 1.0, mask)
+    if ref_logp is not None:
+        d = xp.asarray(_host(ref_logp), dtype=logp.dtype) - logp  # q - p, a Tensor
+        kl = ops.exp(d) - d - 1.0  # k3: >= 0, unbiased for KL(pi || pi_ref) under pi
+        if kl_coef:
+            per_token = per_token + kl * kl_coef
+        kl_value = masked_mean_per_sequence(_host(kl.data), mask)
     loss = masked_mean_per_sequence(per_token, mask)
     m = np.asarray(mask) > 0
+    clipped, r = _host(clipped), _host(r)
     stats = {"clip_frac": float(clipped[m].mean()) if m.any() else 0.0, "kl": kl_value,
              "ratio_mean": float(r[m].mean()) if m.any() else 1.0}
     return loss, stats
