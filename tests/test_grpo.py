@@ -311,3 +311,15 @@ def test_config_validation():
         GRPOConfig(group=1).validate()
     with pytest.raises(ValueError, match="clip_eps"):
         GRPOConfig(clip_eps=1.5).validate()
+
+
+def test_bench_grpo_runs_and_agrees(capsys):
+    from xtrain_lessons import grpo_bench  # noqa: PLC0415
+
+    args = argparse.Namespace(preset="test", vocab_size=64, batch_size=4, seq_len=8, rounds=1, threads=1)
+    assert grpo_bench.run(args) == 0
+    out = capsys.readouterr().out
+    assert "grpo scoring, batched vs looped: capture" in out
+    delta = float(out.split("loss batched vs looped: |Δ| ")[1].split()[0])
+    assert delta <= 1e-6
+    assert grpo_bench.run(argparse.Namespace(**{**vars(args), "preset": "nope"})) == 2
