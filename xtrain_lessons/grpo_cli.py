@@ -102,38 +102,62 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or str(Path(args.run_dir)).rstrip("/") + "-grpo")
     if (out / "checkpoints").exists():
         return _fail(f"{out} already holds checkpoints: choose another --out")
+    from xtrain_lessons.rowwise import get_threads, set_blas_threads  # noqa: PLC0415
+
+    threads_before = get_threads()
+    set_blas_threads(args.threads)
     try:
         return _post_train(args, cfg, reward, prompts, model, tok, ck, out)
     except RewardError as e:
         return _fail(str(e))
+    finally:
+        set_blas_threads(threads_before)
 
 
 def _post_train(args, cfg, reward, prompts, model, tok, ck, out: Path) -> int:
-    import numpy as np  # noqa: PLC0415
-    from tqdm.auto import tqdm  # noqa: PLC0415
+    """Evaluate, train, evaluate again, write everything."""
+    from xtrain_lessons.tokenizer import atomic_write_bytes, eot_id  # noqa: PLC0415
 
-    from xtrain_lessons.grpo import grpo_step  # noqa: PLC0415
-    from xtrain_lessons.optim import AdamW  # noqa: PLC0415
-    from xtrain_lessons.rowwise import get_threads, set_blas_threads  # noqa: PLC0415
-    from xtrain_lessons.tokenizer import eot_id  # noqa: PLC0415
-
-    threads_before = get_threads()
-    set_blas_threads(args.threads)
     eos = eot_id(tok)
     encoded = [(p, tok.encode(p).ids or [eos]) for p in prompts]
     decode = _decoder(tok, eos)
     out.mkdir(parents=True, exist_ok=True)
     _write_run_files(args, cfg, model, tok, out)
+    val = _val_dataset(Path(args.run_dir), tok) if args.eval_batches else None
+    t0 = time.perf_counter()
+    before = _evaluate(model, encoded, reward, cfg, decode, eos, args, val)
+    history = _loop(args, cfg, reward, encoded, model, eos, decode, out / "metrics.jsonl")
+    after = _evaluate(model, encoded, reward, cfg, decode, eos, args, val)
+    _save(model, tok, out, ck.step + len(history), cfg, args)
+    _plot(history, out / "reward.png", f"GRPO, reward {args.reward}")
+    _write_samples(out / "samples.txt", before, after)
+    summary = {"reward": args.reward, "steps": len(history), "seconds": round(time.perf_counter() - t0, 1),
+               "reward_before": before["reward"], "reward_after": after["reward"],
+               "val_loss_before": before["val_loss"], "val_loss_after": after["val_loss"],
+               "kl_last": history[-1]["kl"] if history else None}
+    atomic_write_bytes(out / "summary.json", (json.dumps(summary, indent=2) + "\n").encode("utf-8"))
+    vl = ("" if before["val_loss"] is None else
+          f"; validation loss {before['val_loss']:.4f} -> {after['val_loss']:.4f}")
+    print(f"mean reward {before['reward']:.3f} -> {after['reward']:.3f} on {len(encoded)} prompts x "
+          f"{args.eval_samples}{vl}; wrote {out}")
+    return 0
+
+
+def _loop(args, cfg, reward, encoded, model, eos, decode, metrics_path: Path) -> list:
+    """The GRPO steps, a bar and one metrics line each; Ctrl-C stops after the current step."""
+    import numpy as np  # noqa: PLC0415
+    from tqdm.auto import tqdm  # noqa: PLC0415
+
+    from xtrain_lessons.grpo import grpo_step  # noqa: PLC0415
+    from xtrain_lessons.optim import AdamW  # noqa: PLC0415
+
     ref = type(model)(model.config, seed=0)  # the frozen start model: KL measured even unpenalised
     ref.load_state_dict(model.state_dict())
     ref.eval()
-    val = _val_dataset(Path(args.run_dir), tok) if args.eval_batches else None
-    before = _evaluate(model, encoded, reward, cfg, decode, eos, args, val)
     opt = AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=cfg.weight_decay)
     rng = np.random.default_rng(cfg.seed)
-    metrics_path = out / "metrics.jsonl"
     metrics_path.write_text("", encoding="utf-8")
-    history, t0, step = [], time.perf_counter(), 0
+    history, step = [], 0
     bar = tqdm(range(1, cfg.steps + 1), desc="grpo", disable=not args.progress, dynamic_ncols=True)
     try:
         for step in bar:
@@ -150,21 +174,7 @@ def _post_train(args, cfg, reward, prompts, model, tok, ck, out: Path) -> int:
         print(f"interrupted at step {step}: saving what was learned so far", file=sys.stderr)
     finally:
         bar.close()
-    after = _evaluate(model, encoded, reward, cfg, decode, eos, args, val)
-    _save(model, tok, out, ck.step + len(history), cfg, args)
-    _plot(history, out / "reward.png", f"GRPO, reward {args.reward}")
-    _write_samples(out / "samples.txt", before, after)
-    summary = {"reward": args.reward, "steps": len(history), "seconds": round(time.perf_counter() - t0, 1),
-               "reward_before": before["reward"], "reward_after": after["reward"],
-               "val_loss_before": before["val_loss"], "val_loss_after": after["val_loss"],
-               "kl_last": history[-1]["kl"] if history else None}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    set_blas_threads(threads_before)
-    vl = ("" if before["val_loss"] is None else
-          f"; validation loss {before['val_loss']:.4f} -> {after['val_loss']:.4f}")
-    print(f"mean reward {before['reward']:.3f} -> {after['reward']:.3f} on {len(encoded)} prompts x "
-          f"{args.eval_samples}{vl}; wrote {out}")
-    return 0
+    return history
 
 
 def _decoder(tok, eos: int):
@@ -237,7 +247,9 @@ def _write_samples(path: Path, before: dict, after: dict) -> None:
         lines.append(f"===== {name}: mean reward {ev['reward']:.3f}")
         for r, text in ev["samples"]:
             lines.append(f"[reward {r:g}] {text}")
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    from xtrain_lessons.tokenizer import atomic_write_bytes  # noqa: PLC0415
+
+    atomic_write_bytes(path, ("\n".join(lines) + "\n").encode("utf-8"))
 
 
 def _plot(history: list, path: Path, title: str) -> None:
