@@ -323,3 +323,25 @@ def test_bench_grpo_runs_and_agrees(capsys):
     delta = float(out.split("loss batched vs looped: |Δ| ")[1].split()[0])
     assert delta <= 1e-6
     assert grpo_bench.run(argparse.Namespace(**{**vars(args), "preset": "nope"})) == 2
+
+
+def test_grpo_step_starts_at_ratio_one_and_raises_a_reward():
+    from xtrain_lessons.grpo import grpo_step  # noqa: PLC0415
+    from xtrain_lessons.optim import AdamW  # noqa: PLC0415
+
+    model, ref = Model(CFG, seed=0), Model(CFG, seed=0)
+    cfg = GRPOConfig(group=8, prompts_per_step=2, max_new_tokens=8, lr=1e-2, kl_coef=0.01)
+    opt = AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    prompts = [("a", [1, 2]), ("b", [3])]
+
+    def low_tokens(prompt, completion, n):  # the share of token ids below 16
+        return float(np.mean([int(t) < 16 for t in completion.split()]))
+
+    rng = np.random.default_rng(0)
+    history = [grpo_step(model, ref, opt, prompts, low_tokens, cfg, rng, None,
+                         lambda ids: " ".join(map(str, ids))) for _ in range(15)]
+    # ratio 1 and A summing to 0 in each group: the first inner loss is 0 up to rounding
+    assert abs(history[0]["loss"]) < 1e-6 and history[0]["kl"] == 0.0
+    first = np.mean([h["reward_mean"] for h in history[:3]])
+    last = np.mean([h["reward_mean"] for h in history[-3:]])
+    assert first < 0.5 and last > first + 0.3, (first, last)

@@ -47,7 +47,7 @@ from .generate import sample_next
 
 __all__ = ["GRPOConfig", "Rollout", "sample_group", "group_advantages", "rollout_batch",
            "token_logprobs", "sequence_logprobs", "clipped_pg_loss", "clipped_pg_loss_looped",
-           "masked_mean_per_sequence", "grpo_step", "entropy_of"]
+           "masked_mean_per_sequence", "collect_rollouts", "grpo_step", "entropy_of"]
 
 
 @dataclass
@@ -278,6 +278,22 @@ def clipped_pg_loss_looped(model, rollouts, old_logp, adv, clip_eps: float = 0.2
 
 # ----- one step ---------------------------------------------------------------------------
 
+def collect_rollouts(model, prompts, reward, cfg: GRPOConfig, rng: np.random.Generator,
+                     eos_id: int | None, decode) -> tuple:
+    """cfg.group completions of each prompt (list of (text, ids)) and their rewards:
+    (list of Rollout, rewards (n_prompts, group))."""
+    keep = model.config.max_seq_len - cfg.max_new_tokens  # sample_group's crop of the prompt
+    rollouts, rewards = [], []
+    for p, (text, ids) in enumerate(prompts):
+        row = []
+        for comp, ended in sample_group(model, ids, cfg.group, cfg.max_new_tokens, cfg.temperature,
+                                        cfg.top_p, eos_id, rng):
+            rollouts.append(Rollout(p, list(ids)[-keep:], comp, ended))
+            row.append(reward(text, decode(comp), len(comp)))
+        rewards.append(row)
+    return rollouts, np.asarray(rewards, dtype=np.float64)
+
+
 def grpo_step(model, ref_model, optimizer, prompts, reward, cfg: GRPOConfig,
               rng: np.random.Generator, eos_id: int | None, decode, pad_id: int = 0) -> dict:
     """Sample, score and update once; returns the step's metrics.
@@ -285,23 +301,19 @@ def grpo_step(model, ref_model, optimizer, prompts, reward, cfg: GRPOConfig,
     prompts: list of (text, ids) of this step; reward(prompt_text, completion_text, n_tokens)
     -> float (see rewards.py); decode(ids) -> text (end-of-text included as its token text).
     ref_model: the frozen start model for the KL penalty (None: no penalty, KL not measured).
+    Metrics: kl is the k3 estimate of KL(sampling policy || reference) on this step's
+    completions; clip_frac the fraction of completion tokens clipped in the inner steps after
+    the first (the first has ratio 1). The log-probs are taken at temperature 1: with the
+    default temperature 1 and no top-p that is exactly the distribution sampled from;
+    otherwise the usual approximation.
     """
     from .optim import clip_grad_norm  # noqa: PLC0415
 
     t0 = time.perf_counter()
     was_training = model.training
     model.eval()  # dropout (T18) off: the ratio must be 1 before the first update
-    rollouts, rewards = [], []
-    for p, (text, ids) in enumerate(prompts):
-        row = []
-        for comp, ended in sample_group(model, ids, cfg.group, cfg.max_new_tokens, cfg.temperature,
-                                        cfg.top_p, eos_id, rng):
-            r = Rollout(p, list(ids)[-(model.config.max_seq_len - cfg.max_new_tokens):], comp, ended)
-            rollouts.append(r)
-            row.append(reward(text, decode(comp), len(comp)))
-        rewards.append(row)
+    rollouts, rewards = collect_rollouts(model, prompts, reward, cfg, rng, eos_id, decode)
     t_sample = time.perf_counter() - t0
-    rewards = np.asarray(rewards, dtype=np.float64)
     adv = group_advantages(rewards, cfg.adv_eps).reshape(-1)
     ids, targets, mask = rollout_batch(rollouts, pad_id)
     with no_grad():
