@@ -40,6 +40,8 @@ PHASES = {
     "T17": ("launcher", ["parallel/launch.py", "cli/launch.py"], ["test_launcher.py"]),
     "T18": ("dropout", ["model/dropout.py", "runtime/rng.py", "runtime/kernels/philox.py"],
             ["test_dropout.py", "test_rng.py"]),
+    "T20": ("grpo", ["training/grpo.py", "training/rewards.py", "training/post_train.py", "cli/grpo.py", "measure/grpo_bench.py"],
+            ["test_grpo.py", "test_mutants_T20.py"]),
 }
 
 

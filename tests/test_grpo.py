@@ -8,15 +8,24 @@ import json
 import numpy as np
 import pytest
 
-from xtrain_lessons import cli, grpo_cli
-from xtrain_lessons.autograd import Tensor, no_grad
-from xtrain_lessons.batching import forward_loop, forward_ragged
-from xtrain_lessons.generate import generate
-from xtrain_lessons.grpo import (GRPOConfig, Rollout, clipped_pg_loss, clipped_pg_loss_looped,
-                                 group_advantages, masked_mean_per_sequence, rollout_batch,
-                                 sample_group, sequence_logprobs, token_logprobs)
-from xtrain_lessons.model import PRESETS, Model
-from xtrain_lessons.rewards import EOT, RewardError, load_reward
+from xtrain_lessons.cli import main, grpo
+from xtrain_lessons.autograd.tensor import Tensor, no_grad
+from xtrain_lessons.model.batching import forward_loop, forward_ragged
+from xtrain_lessons.model.generate import generate
+from xtrain_lessons.training.grpo import (
+    GRPOConfig,
+    Rollout,
+    clipped_pg_loss,
+    clipped_pg_loss_looped,
+    group_advantages,
+    masked_mean_per_sequence,
+    rollout_batch,
+    sample_group,
+    sequence_logprobs,
+    token_logprobs,
+)
+from xtrain_lessons.model.qwen3 import PRESETS, Model
+from xtrain_lessons.training.rewards import EOT, RewardError, load_reward
 
 CFG = PRESETS["test"]
 
@@ -256,7 +265,7 @@ def tiny_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("grpo")
     corpus = small_corpus(root / "small.txt")
     run = root / "base"
-    assert cli.main(["train", "--data", str(corpus), "--out", str(run), "--preset", "test",
+    assert main.main(["train", "--data", str(corpus), "--out", str(run), "--preset", "test",
                      "--vocab-size", "300", "--steps", "3", "--batch-size", "4", "--seq-len", "16",
                      "--eval-every", "0", "--sample-every", "0", "--no-progress", "--no-hf-check",
                      "--no-export"]) == 0
@@ -265,8 +274,8 @@ def tiny_run(tmp_path_factory):
 
 def _grpo(argv):
     parser = argparse.ArgumentParser(prog="xtrain grpo")
-    grpo_cli.configure_parser(parser)
-    return grpo_cli.run(parser.parse_args(argv))
+    grpo.configure_parser(parser)
+    return grpo.run(parser.parse_args(argv))
 
 
 def test_grpo_command_writes_a_run_that_sample_and_export_accept(tiny_run, tmp_path, capsys):
@@ -287,9 +296,9 @@ def test_grpo_command_writes_a_run_that_sample_and_export_accept(tiny_run, tmp_p
     summary = json.loads((out / "summary.json").read_text())
     assert summary["val_loss_before"] is not None and summary["steps"] == 3
 
-    assert cli.main(["sample", str(out), "--max-new-tokens", "5"]) == 0
+    assert main.main(["sample", str(out), "--max-new-tokens", "5"]) == 0
     pytest.importorskip("transformers")
-    assert cli.main(["export", str(out), "--out", str(tmp_path / "hf"), "--check", "--tokens", "8"]) == 0
+    assert main.main(["export", str(out), "--out", str(tmp_path / "hf"), "--check", "--tokens", "8"]) == 0
     assert "identical on 3/3 prompts" in capsys.readouterr().out
     assert _grpo([str(tiny_run), "--reward", "length:1-6", "--out", str(out)]) == 2  # no overwrite
 
@@ -314,7 +323,7 @@ def test_config_validation():
 
 
 def test_bench_grpo_runs_and_agrees(capsys):
-    from xtrain_lessons import grpo_bench  # noqa: PLC0415
+    from xtrain_lessons.measure import grpo_bench  # noqa: PLC0415
 
     args = argparse.Namespace(preset="test", vocab_size=64, batch_size=4, seq_len=8, rounds=1, threads=1)
     assert grpo_bench.run(args) == 0
@@ -326,8 +335,8 @@ def test_bench_grpo_runs_and_agrees(capsys):
 
 
 def test_grpo_step_starts_at_ratio_one_and_raises_a_reward():
-    from xtrain_lessons.grpo import grpo_step  # noqa: PLC0415
-    from xtrain_lessons.optim import AdamW  # noqa: PLC0415
+    from xtrain_lessons.training.grpo import grpo_step  # noqa: PLC0415
+    from xtrain_lessons.training.optim import AdamW  # noqa: PLC0415
 
     model, ref = Model(CFG, seed=0), Model(CFG, seed=0)
     cfg = GRPOConfig(group=8, prompts_per_step=2, max_new_tokens=8, lr=1e-2, kl_coef=0.01)

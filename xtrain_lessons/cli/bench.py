@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import argparse
 
+from xtrain_lessons.measure import grpo_bench
 from xtrain_lessons.measure.bench import run_train_bench
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", choices=["train"], help="what to benchmark")
+    parser.add_argument("target", choices=["train", "grpo"],
+                        help="what to benchmark: train (engine vs torch) or grpo (batched vs looped "
+                             "rollout scoring; --batch-size = rollouts, --seq-len = longest completion)")
     parser.add_argument("--preset", default="tiny", help="model preset (default: tiny, the model `xtrain train` trains)")
     parser.add_argument("--vocab-size", type=int, default=2048,
                         help="vocabulary (the default run's tokenizer size)")
@@ -50,4 +53,4 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_train_bench(args)
+    return grpo_bench.run(args) if args.target == "grpo" else run_train_bench(args)

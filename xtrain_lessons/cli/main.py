@@ -27,6 +27,7 @@ SUBCOMMANDS: list[tuple[str, str]] = [
     ("sample", "xtrain_lessons.cli.sample"),
     ("bench", "xtrain_lessons.cli.bench"),
     ("launch", "xtrain_lessons.cli.launch"),
+    ("grpo", "xtrain_lessons.cli.grpo"),
 ]
 
 

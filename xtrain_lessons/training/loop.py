@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from xtrain_lessons.model.qwen3 import Config, Model
 from xtrain_lessons.parallel import collectives

@@ -23,9 +23,19 @@ import time
 
 import numpy as np
 
+from xtrain_lessons.autograd.tensor import no_grad
+from xtrain_lessons.model.qwen3 import PRESETS, Model
+from xtrain_lessons.runtime.cpu_threads import get_threads, set_blas_threads
+from xtrain_lessons.training.grpo import (
+    Rollout,
+    clipped_pg_loss,
+    clipped_pg_loss_looped,
+    rollout_batch,
+    sequence_logprobs,
+)
+
 
 def _rollouts(n: int, max_completion: int, vocab: int, seed: int = 0) -> list:
-    from .grpo import Rollout  # noqa: PLC0415
 
     rng = np.random.default_rng(seed)
     return [Rollout(0, list(rng.integers(0, vocab, rng.integers(2, 9))),
@@ -35,11 +45,6 @@ def _rollouts(n: int, max_completion: int, vocab: int, seed: int = 0) -> list:
 
 def bench_grpo(config, n: int = 16, max_completion: int = 48, rounds: int = 3, seed: int = 0) -> dict:
     """Best-of-`rounds` seconds of the capture and of one training step, batched and looped."""
-    from .autograd import no_grad  # noqa: PLC0415
-    from .grpo import (clipped_pg_loss, clipped_pg_loss_looped, rollout_batch,  # noqa: PLC0415
-                       sequence_logprobs)
-    from .model import Model  # noqa: PLC0415
-
     model = Model(config, seed=seed)
     rs = _rollouts(n, max_completion, config.vocab_size, seed)
     ids, targets, mask = rollout_batch(rs)
@@ -87,8 +92,6 @@ def bench_grpo(config, n: int = 16, max_completion: int = 48, rounds: int = 3, s
 def run(args: argparse.Namespace) -> int:
     """`xtrain bench grpo`: uses bench.py's --preset, --vocab-size, --batch-size (rollouts),
     --seq-len (longest completion), --rounds and --threads."""
-    from .model import PRESETS  # noqa: PLC0415
-    from .rowwise import get_threads, set_blas_threads  # noqa: PLC0415
 
     if args.preset not in PRESETS:
         print(f"xtrain bench: unknown preset {args.preset!r}; choose one of {sorted(PRESETS)}")

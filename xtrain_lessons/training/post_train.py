@@ -1,123 +1,30 @@
-"""Post-train a run with GRPO towards a reward (T20): sample groups, score, reinforce.
-
-    xtrain grpo runs/mine --reward word:dog                    # mention "dog"
-    xtrain grpo runs/mine --reward eos:40 --steps 60           # finish the story within 40 tokens
-    xtrain grpo runs/mine --reward length:20-40 --kl-coef 0.05
-    xtrain grpo runs/mine --reward my_rewards.py:score --prompts prompts.txt --out runs/mine-rl
-
-Rewards (SPEC): word:WORD, eos:N, length:LO-HI, path/to/file.py:function (called as
-function(prompt, completion) -> float; the completion ends with "<|endoftext|>" when the
-model stopped there), or several joined by '+'. Prompts: one per line of --prompts FILE
-(default: a few story openings). Each step samples --group completions for each of
---prompts-per-step prompts, and takes --inner-steps AdamW steps on the clipped GRPO loss.
-
-OUT (default RUN_DIR-grpo) is a run directory like the one `xtrain train` writes, so
-`xtrain sample OUT` and `xtrain export OUT` take it: config.json, tokenizer.json, data/ (the
-base run's, for evaluation), checkpoints/, metrics.jsonl (per step: reward_mean, kl,
-clip_frac, entropy, ...), reward.png, samples.txt (before and after), summary.json (the
-mean reward on fixed evaluation prompts and the validation loss, before and after).
+"""GRPO post-training of a run directory (T20): evaluate, sample groups and reinforce, evaluate
+again, and write the post-trained run (the engine of `xtrain grpo`, cli/grpo.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
 import time
 from pathlib import Path
 
-DEFAULT_PROMPTS = ["Once upon a time", "One day, a little", "The cat", "Tom and his mom",
-                   "There was a girl named Lily", "In the park,", "The sun was", "A big dog"]
+import numpy as np
+from tqdm import tqdm
 
-# flag -> (GRPOConfig field, type, help)
-_FLAGS = [
-    ("--steps", "steps", int, "GRPO steps"),
-    ("--group", "group", int, "completions per prompt (G)"),
-    ("--prompts-per-step", "prompts_per_step", int, "prompts per step"),
-    ("--max-new-tokens", "max_new_tokens", int, "completion length limit"),
-    ("--temperature", "temperature", float, "sampling temperature of the rollouts"),
-    ("--top-p", "top_p", float, "nucleus sampling of the rollouts (default off)"),
-    ("--clip-eps", "clip_eps", float, "PPO clip range of the ratio"),
-    ("--kl-coef", "kl_coef", float, "weight of the k3 KL penalty to the start model (0: off, "
-     "the KL is still measured)"),
-    ("--inner-steps", "inner_steps", int, "optimizer steps per batch of rollouts"),
-    ("--lr", "lr", float, "AdamW learning rate"),
-    ("--grad-clip", "grad_clip", float, "global gradient-norm clip (0: off)"),
-    ("--seed", "seed", int, "seed of the sampling and the prompt order"),
-]
+from xtrain_lessons.training.checkpoint import save_checkpoint
+from xtrain_lessons.training.data import TokenDataset
+from xtrain_lessons.training.grpo import grpo_step, sample_group
+from xtrain_lessons.training.optim import AdamW
+from xtrain_lessons.training.rewards import EOT
+from xtrain_lessons.training.tokenizer import atomic_write_bytes, eot_id, tokenizer_hash
+from xtrain_lessons.training.validation import evaluate
 
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    from xtrain_lessons.grpo import GRPOConfig  # noqa: PLC0415
-
-    d = GRPOConfig()
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `xtrain train`")
-    parser.add_argument("--reward", required=True, metavar="SPEC",
-                        help="word:WORD, eos:N, length:LO-HI, path/file.py:function, or a sum A+B")
-    parser.add_argument("--prompts", metavar="FILE", help="prompts, one per line (default: story openings)")
-    parser.add_argument("--out", metavar="DIR", help="run directory to write (default RUN_DIR-grpo)")
-    for flag, field, typ, hlp in _FLAGS:
-        parser.add_argument(flag, dest=field, type=typ, default=getattr(d, field),
-                            help=f"{hlp} (default {getattr(d, field)})")
-    parser.add_argument("--eval-samples", type=int, default=4,
-                        help="completions per prompt for the before/after mean reward (default 4)")
-    parser.add_argument("--eval-batches", type=int, default=8,
-                        help="validation batches (16 x 128 tokens) before and after (0: skip)")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads of the engine (default 1)")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
-                        help="tqdm progress bar")
-
-
-def _fail(msg: str) -> int:
-    print(f"xtrain grpo: error: {msg}", file=sys.stderr)
-    return 2
-
-
-def _read_prompts(path) -> list[str]:
-    if path is None:
-        return list(DEFAULT_PROMPTS)
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"prompts file not found: {path}")
-    prompts = [line.strip() for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not prompts:
-        raise ValueError(f"{path} holds no prompt (one per line)")
-    return prompts
-
-
-def run(args: argparse.Namespace) -> int:
-    from xtrain_lessons.checkpoint import CheckpointError  # noqa: PLC0415
-    from xtrain_lessons.grpo import GRPOConfig  # noqa: PLC0415
-    from xtrain_lessons.rewards import RewardError, load_reward  # noqa: PLC0415
-    from xtrain_lessons.train import load_run  # noqa: PLC0415
-
-    try:
-        cfg = GRPOConfig(**{f: getattr(args, f) for _, f, _, _ in _FLAGS}).validate()
-        reward = load_reward(args.reward)
-        prompts = _read_prompts(args.prompts)
-        model, tok, ck = load_run(args.run_dir)
-    except (RewardError, ValueError, FileNotFoundError, CheckpointError) as e:
-        return _fail(str(e))
-    out = Path(args.out or str(Path(args.run_dir)).rstrip("/") + "-grpo")
-    if (out / "checkpoints").exists():
-        return _fail(f"{out} already holds checkpoints: choose another --out")
-    from xtrain_lessons.rowwise import get_threads, set_blas_threads  # noqa: PLC0415
-
-    threads_before = get_threads()
-    set_blas_threads(args.threads)
-    try:
-        return _post_train(args, cfg, reward, prompts, model, tok, ck, out)
-    except RewardError as e:
-        return _fail(str(e))
-    finally:
-        set_blas_threads(threads_before)
-
-
-def _post_train(args, cfg, reward, prompts, model, tok, ck, out: Path) -> int:
-    """Evaluate, train, evaluate again, write everything."""
-    from xtrain_lessons.tokenizer import atomic_write_bytes, eot_id  # noqa: PLC0415
-
+def post_train(args, cfg, reward, prompts, model, tok, ck, out: Path) -> int:
+    """Evaluate, train, evaluate again, write everything. `args` holds the options of
+    `xtrain grpo` (cli/grpo.py): run_dir, reward, steps, eval_samples, eval_batches, ..."""
     eos = eot_id(tok)
     encoded = [(p, tok.encode(p).ids or [eos]) for p in prompts]
     decode = _decoder(tok, eos)
@@ -145,12 +52,6 @@ def _post_train(args, cfg, reward, prompts, model, tok, ck, out: Path) -> int:
 
 def _loop(args, cfg, reward, encoded, model, eos, decode, metrics_path: Path) -> list:
     """The GRPO steps, a bar and one metrics line each; Ctrl-C stops after the current step."""
-    import numpy as np  # noqa: PLC0415
-    from tqdm.auto import tqdm  # noqa: PLC0415
-
-    from xtrain_lessons.grpo import grpo_step  # noqa: PLC0415
-    from xtrain_lessons.optim import AdamW  # noqa: PLC0415
-
     ref = type(model)(model.config, seed=0)  # the frozen start model: KL measured even unpenalised
     ref.load_state_dict(model.state_dict())
     ref.eval()
@@ -178,8 +79,6 @@ def _loop(args, cfg, reward, encoded, model, eos, decode, metrics_path: Path) ->
 
 
 def _decoder(tok, eos: int):
-    from xtrain_lessons.rewards import EOT  # noqa: PLC0415
-
     def decode(ids) -> str:
         ended = bool(ids) and ids[-1] == eos
         return tok.decode([i for i in ids if i != eos]) + (EOT if ended else "")
@@ -187,8 +86,6 @@ def _decoder(tok, eos: int):
 
 
 def _val_dataset(run_dir: Path, tok):
-    from xtrain_lessons.data import TokenDataset  # noqa: PLC0415
-
     try:
         return TokenDataset(run_dir / "data", "val", tokenizer=tok)
     except (FileNotFoundError, ValueError):
@@ -198,10 +95,7 @@ def _val_dataset(run_dir: Path, tok):
 def _evaluate(model, encoded, reward, cfg, decode, eos, args, val) -> dict:
     """Mean reward of --eval-samples completions of every prompt (a fixed seed) and the
     validation loss: the same measurement before and after."""
-    import numpy as np  # noqa: PLC0415
 
-    from xtrain_lessons.grpo import sample_group  # noqa: PLC0415
-    from xtrain_lessons.train import evaluate  # noqa: PLC0415
 
     rng = np.random.default_rng(12345)
     model.eval()
@@ -221,7 +115,6 @@ def _evaluate(model, encoded, reward, cfg, decode, eos, args, val) -> dict:
 
 
 def _write_run_files(args, cfg, model, tok, out: Path) -> None:
-    from xtrain_lessons.tokenizer import atomic_write_bytes, tokenizer_hash  # noqa: PLC0415
 
     atomic_write_bytes(out / "tokenizer.json", tok.to_str(pretty=True).encode("utf-8"))
     conf = {"model": model.config.to_dict(), "tokenizer_hash": tokenizer_hash(tok),
@@ -234,8 +127,6 @@ def _write_run_files(args, cfg, model, tok, out: Path) -> None:
 
 
 def _save(model, tok, out: Path, step: int, cfg, args) -> None:
-    from xtrain_lessons.checkpoint import save_checkpoint  # noqa: PLC0415
-    from xtrain_lessons.tokenizer import tokenizer_hash  # noqa: PLC0415
 
     save_checkpoint(out / "checkpoints", step, model, tokenizer_hash=tokenizer_hash(tok),
                     extra={"grpo": cfg.to_dict(), "reward": args.reward, "base_run": str(args.run_dir)})
@@ -247,14 +138,12 @@ def _write_samples(path: Path, before: dict, after: dict) -> None:
         lines.append(f"===== {name}: mean reward {ev['reward']:.3f}")
         for r, text in ev["samples"]:
             lines.append(f"[reward {r:g}] {text}")
-    from xtrain_lessons.tokenizer import atomic_write_bytes  # noqa: PLC0415
 
     atomic_write_bytes(path, ("\n".join(lines) + "\n").encode("utf-8"))
 
 
 def _plot(history: list, path: Path, title: str) -> None:
     """Mean reward per step (and its running mean) over entropy and KL."""
-    import numpy as np  # noqa: PLC0415
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
     from matplotlib.figure import Figure  # noqa: PLC0415
 

@@ -12,7 +12,6 @@ One step of `grpo_step`:
     inner_steps times:  loss = clipped surrogate (below); backward; clip grad; AdamW
 
 The loss of completion i, token t (ratio rho = pi / pi_old, both at temperature 1):
-
     l_it = -( min(rho * A_i, clip(rho, 1 - eps, 1 + eps) * A_i) - beta * KL_it )
     KL_it = exp(q - p) - (q - p) - 1         (k3 estimator, p = log pi, q = log pi_ref; >= 0)
 
@@ -29,7 +28,7 @@ stopped a completion IS one of its tokens (stopping is an action the reward may 
 Sequences of different lengths share one right-padded batch: under the causal mask the pads
 never reach a real position (T10), and the mask keeps them out of the loss.
 
-    from xtrain_lessons.grpo import GRPOConfig, grpo_step
+    from xtrain_lessons.training.grpo import GRPOConfig, grpo_step
     metrics = grpo_step(model, ref, opt, prompts_ids, prompts_text, reward, tok, cfg, rng)
 """
 
@@ -40,10 +39,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from . import ops
-from .autograd import Tensor, array_module, make_node, no_grad
-from .batching import pad_batch
-from .generate import sample_next
+from xtrain_lessons.autograd import ops
+from xtrain_lessons.autograd.tensor import Tensor, make_node, no_grad
+from xtrain_lessons.model.batching import pad_batch
+from xtrain_lessons.model.generate import sample_next
+from xtrain_lessons.runtime.device import array_module
+from xtrain_lessons.training.optim import clip_grad_norm
 
 __all__ = ["GRPOConfig", "Rollout", "sample_group", "group_advantages", "rollout_batch",
            "token_logprobs", "sequence_logprobs", "clipped_pg_loss", "clipped_pg_loss_looped",
@@ -53,7 +54,6 @@ __all__ = ["GRPOConfig", "Rollout", "sample_group", "group_advantages", "rollout
 @dataclass
 class GRPOConfig:
     """Settings of a GRPO run (the defaults fit 2 CPU cores and the `tiny` model)."""
-
     steps: int = 60                 # GRPO steps (each: sample, score, inner_steps updates)
     group: int = 8                  # G: completions per prompt
     prompts_per_step: int = 2       # prompts per step (batch = prompts_per_step * group)
@@ -94,7 +94,6 @@ class GRPOConfig:
 @dataclass
 class Rollout:
     """One sampled completion: `ids` (ending with eos_id when `ended`), its prompt's index."""
-
     prompt_index: int
     prompt_ids: list
     ids: list
@@ -307,7 +306,6 @@ def grpo_step(model, ref_model, optimizer, prompts, reward, cfg: GRPOConfig,
     default temperature 1 and no top-p that is exactly the distribution sampled from;
     otherwise the usual approximation.
     """
-    from .optim import clip_grad_norm  # noqa: PLC0415
 
     t0 = time.perf_counter()
     was_training = model.training
