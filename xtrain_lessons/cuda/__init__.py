@@ -89,6 +89,14 @@ def _resolve_backend(backend: str) -> str:
     return backend
 
 
+def gpu_options(options, filename: str | None) -> tuple[str, ...]:
+    """The NVRTC options `Kernel` gives CuPy: the user's, and the .cu file's folder for
+    `#include "helper.cuh"` (tests/test_nvrtc_compile.py compiles every kernel with these)."""
+    if filename and Path(filename).is_file():
+        return (*options, f"-I{Path(filename).resolve().parent}")
+    return tuple(options)
+
+
 class GpuKernel:
     """`cupy.RawKernel` with the argument checks that need no type information."""
 
@@ -100,9 +108,7 @@ class GpuKernel:
         except ImportError as e:
             raise RuntimeError("backend='gpu' needs CuPy (pip install cupy-cuda12x) and an NVIDIA GPU") from e
         self.name, self.source, self.filename = name, source, filename or f"{name}.cu"
-        if filename and Path(filename).is_file():  # for #include "helper.cuh" next to the .cu
-            options = (*options, f"-I{Path(filename).resolve().parent}")
-        self._kernel = cupy.RawKernel(source, name, options=tuple(options))
+        self._kernel = cupy.RawKernel(source, name, options=gpu_options(options, filename))
 
     def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
         from xtrain_lessons.cuda.emulator import check_launch
