@@ -63,7 +63,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xtrain_lessons.cuda.emulator import CompileError, CpuKernel, KernelError
+from xtrain_lessons.cuda.emulator import CompileError, CpuKernel, KernelError, sanitize_default
 
 __all__ = ["Kernel", "KernelError", "CompileError", "load_kernel", "selftest", "KERNELS_DIR"]
 
@@ -130,11 +130,15 @@ class GpuKernel:
 class Kernel:
     """A CUDA C kernel, runnable on the GPU (CuPy) or the CPU (emulator); see the module doc."""
 
-    def __init__(self, source: str | os.PathLike, name: str, options=(), backend: str = "auto"):
+    def __init__(self, source: str | os.PathLike, name: str, options=(), backend: str = "auto",
+                 sanitize: bool | None = None):
         text, filename = _read_source(source)
         self.backend = _resolve_backend(backend)
-        impl = GpuKernel if self.backend == "gpu" else CpuKernel
-        self._impl = impl(text, name, tuple(options), filename)
+        if self.backend == "gpu":  # on a GPU, run the script under NVIDIA's compute-sanitizer instead
+            self._impl = GpuKernel(text, name, tuple(options), filename)
+        else:
+            self._impl = CpuKernel(text, name, tuple(options), filename, sanitize=sanitize)
+        self.sanitize = getattr(self._impl, "sanitize", False)
         self.name, self.source, self.filename = name, text, self._impl.filename
 
     def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
@@ -154,7 +158,7 @@ _loaded_lock = threading.Lock()
 
 def load_kernel(filename: str, name: str, backend: str = "auto", options=()) -> Kernel:
     """The kernel `name` of `xtrain_lessons/kernels/<filename>`, compiled once per process."""
-    key = (filename, name, _resolve_backend(backend), tuple(options))
+    key = (filename, name, _resolve_backend(backend), tuple(options), sanitize_default())
     with _loaded_lock:
         if key not in _loaded:
             _loaded[key] = Kernel(KERNELS_DIR / filename, name, options=options, backend=key[2])

@@ -147,6 +147,27 @@ def needs_fibers(src: str, name: str, included: str = "") -> bool:
     return bool(_SYNC_OPS.search(outside))
 
 
+def param_names(src: str, name: str) -> list[str]:
+    """The parameter names of kernel `name`, in order (for the sanitizer's reports)."""
+    code = strip_comments(src)
+    for m in _KERNEL_RE.finditer(code):
+        if m.group(1) != name:
+            continue
+        depth, i, parts, cur = 1, m.end(), [], ""
+        while i < len(code) and depth:
+            c = code[i]
+            depth += {"(": 1, ")": -1, "<": 1, ">": -1}.get(c, 0)
+            if depth == 1 and c == ",":
+                parts.append(cur); cur = ""
+            elif depth:
+                cur += c
+            i += 1
+        parts.append(cur)
+        names = [re.findall(r"[A-Za-z_]\w*", p.split("=")[0]) for p in parts if p.strip()]
+        return [n[-1] if n else f"arg{k}" for k, n in enumerate(names)]
+    return []
+
+
 _QUAL = r"(?:(?:volatile|static)\s+)*"
 _SHARED_RE = re.compile(
     r"(?P<pre>" + _QUAL + r")(?P<ext>extern\s+" + _QUAL + r")?__shared__\s+"
@@ -156,12 +177,13 @@ _SHARED_RE = re.compile(
 _ALIGN_RE = re.compile(r"__align__\s*\([^)]*\)|alignas\s*\([^)]*\)|\bstatic\b")
 
 
-def rewrite_shared(src: str) -> str:
+def rewrite_shared(src: str, sanitize: bool = False) -> str:
     """Turn `__shared__` declarations into references into the block's shared arenas.
 
     `__shared__ float t[16][16];` becomes a reference to a slot of the static arena reserved
     once per declaration; `extern __shared__ float s[];` a pointer to the dynamic arena.
-    Everything stays on one line so line numbers do not move."""
+    Everything stays on one line so line numbers do not move. With `sanitize`, the names
+    become checked views instead (xtrain_sanitizer.h)."""
     code = strip_comments(src)
 
     def repl(m: re.Match) -> str:
@@ -174,20 +196,28 @@ def rewrite_shared(src: str) -> str:
         typ = " ".join(_ALIGN_RE.sub(" ", m.group("type")).split())
         name, dims = m.group("name"), "".join(m.group("dims").split())
         if m.group("ext"):
-            return f"{volatile}{typ}* const {name} = reinterpret_cast<{volatile}{typ}*>(xt_dynamic_shared());"
+            ptr = f"reinterpret_cast<{volatile}{typ}*>(xt_dynamic_shared())"
+            if sanitize:
+                return f'xt::sdyn<{volatile}{typ}> {name}{{{ptr}, "{name}"}};'
+            return f"{volatile}{typ}* const {name} = {ptr};"
         t = f"xt_shared_t_{name}"
-        return (f"using {t} = {volatile}{typ}{dims}; "
-                f"static const xt_site_t xt_site_{name} = xt::new_site(sizeof({t}), alignof({t})); "
-                f"{t}& {name} = *reinterpret_cast<{t}*>(xt_shared_site(&xt_site_{name}));")
+        decl = (f"using {t} = {volatile}{typ}{dims}; "
+                f"static const xt_site_t xt_site_{name} = xt::new_site(sizeof({t}), alignof({t})); ")
+        ref = f"*reinterpret_cast<{t}*>(xt_shared_site(&xt_site_{name}))"
+        if sanitize and dims:
+            return decl + f'xt::sview<{t}> {name}{{{ref}, "{name}", {{}}}};'
+        if sanitize:
+            return decl + f'decltype(auto) {name} = xt::sscalar(&{ref}, "{name}");'
+        return decl + f"{t}& {name} = {ref};"
     return _SHARED_RE.sub(repl, src)
 
 
-def prepare_source(source: str, filename: str) -> tuple[str, list[str]]:
+def prepare_source(source: str, filename: str, sanitize: bool = False) -> tuple[str, list[str]]:
     """The C++ translation unit for `source`, and the names of the kernels it launches."""
     names = list(find_kernels(source))
     fname = filename.replace("\\", "/").replace('"', "")
     try:
-        body = rewrite_shared(source)
+        body = rewrite_shared(source, sanitize)
     except CompileError as e:
         raise CompileError(f"{fname}: {e}") from None
     lines = [f'#line 1 "{fname}"', body, "", '#line 1 "<xtrain kernel launchers>"']
@@ -444,21 +474,28 @@ def _local_includes(source: str, filename: str) -> str:
     return "".join(p.read_text() for p in found if p.is_file())
 
 
+def sanitize_default() -> bool:
+    """$XTRAIN_SANITIZE=1 turns the sanitizer on for every kernel compiled afterwards."""
+    return os.environ.get("XTRAIN_SANITIZE", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
 class CpuKernel:
     """A kernel compiled for the CPU emulator; call it like `cupy.RawKernel`."""
 
     backend = "cpu"
 
-    def __init__(self, source: str, name: str, options=(), filename: str | None = None):
+    def __init__(self, source: str, name: str, options=(), filename: str | None = None,
+                 sanitize: bool | None = None):
         self.name, self.source = name, source
         self.filename = filename or f"{name}.cu"
-        cpp, names = prepare_source(source, self.filename)
+        self.sanitize = sanitize_default() if sanitize is None else bool(sanitize)
+        cpp, names = prepare_source(source, self.filename, self.sanitize)
         if name not in names:
             found = ", ".join(names) or "none"
             raise CompileError(f"no __global__ function named {name!r} in {self.filename} (found: {found})")
         from_file = filename is not None and Path(filename).is_file()
-        self.library_path = compile_library(cpp, _cpu_flags(options), self.filename,
-                                            source=None if from_file else source)
+        flags = _cpu_flags(options) + (("-DXT_SANITIZE",) if self.sanitize else ())
+        self.library_path = compile_library(cpp, flags, self.filename, source=None if from_file else source)
         lib = load_library(self.library_path)
         sig = getattr(lib, f"xt_signature_{name}")
         sig.restype = ctypes.c_char_p
@@ -470,6 +507,7 @@ class CpuKernel:
                                  ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_ulonglong]
         self.uses_barriers = needs_fibers(source, name, _local_includes(source, self.filename))
         self.uses_printf = "printf" in strip_comments(source)
+        self.param_names = param_names(source, name)
 
     @property
     def signature(self) -> str:
@@ -489,14 +527,39 @@ class CpuKernel:
         ptrs = slots.ctypes.data + 8 * np.arange(len(slots), dtype=np.uint64)
         err = ctypes.create_string_buffer(4096)
         dims = (ctypes.c_uint * 6)(*g, *b)
+        flags = 2 if self.sanitize else (0 if self.uses_barriers else 1)
 
         def launch() -> int:
             return self._launch(ctypes.addressof(dims), ctypes.addressof(dims) + 12, shmem, ptrs.ctypes.data,
-                                MODES[emulator_mode()], emulator_workers(), 0 if self.uses_barriers else 1,
-                                err, len(err))
-        rc = _with_c_stdout_to_python(launch) if self.uses_printf else launch()
+                                MODES[emulator_mode()], emulator_workers(), flags, err, len(err))
+        run = (lambda: _with_c_stdout_to_python(launch)) if self.uses_printf else launch
+        rc = self._run_guarded(run, args, slots) if self.sanitize else run()
         if rc != 0:
             raise KernelError(f"kernel {self.name} ({self.filename}): {err.value.decode(errors='replace')}")
+
+    def _run_guarded(self, run, args, slots: np.ndarray) -> int:
+        """Sanitizer mode: run with every array copied into a region that ends at guard pages."""
+        rt = load_library(runtime_library())
+        rt.xt_san_region.restype = ctypes.c_void_p
+        rt.xt_san_region.argtypes = [ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_char_p, ctypes.c_char_p]
+        copies = []
+        try:
+            for p, a in zip(self.params, args):
+                if not p.pointer:
+                    continue
+                name = self.param_names[p.index] if p.index < len(self.param_names) else f"arg{p.index}"
+                buf = rt.xt_san_region(a.nbytes, a.itemsize, name.encode(), p.c_decl.encode())
+                if not buf:
+                    raise MemoryError(f"sanitizer: could not map a guarded copy of {name}")
+                ctypes.memmove(buf, a.ctypes.data, a.nbytes)
+                slots[p.index] = buf
+                copies.append((p, a, buf))
+            return run()
+        finally:
+            for p, a, buf in copies:
+                if not p.const:
+                    ctypes.memmove(a.ctypes.data, buf, a.nbytes)
+            rt.xt_san_release()
 
     def __repr__(self) -> str:
         return f"CpuKernel({self.name}({self.signature}), {self.filename})"

@@ -92,12 +92,15 @@ inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
+// A checked shared-memory element (sanitizer mode) stands for its value type.
+namespace xt { template <class T> struct unproxy { using type = T; }; }
+template <class T> using xt_value_t = typename xt::unproxy<T>::type;
 // CUDA's min/max accept mixed argument types (int and unsigned, float and int, ...).
-template <class A, class B> inline std::common_type_t<A, B> min(A a, B b) {
-    using C = std::common_type_t<A, B>; return (C)b < (C)a ? (C)b : (C)a;
+template <class A, class B> inline std::common_type_t<xt_value_t<A>, xt_value_t<B>> min(A a, B b) {
+    using C = std::common_type_t<xt_value_t<A>, xt_value_t<B>>; return (C)b < (C)a ? (C)b : (C)a;
 }
-template <class A, class B> inline std::common_type_t<A, B> max(A a, B b) {
-    using C = std::common_type_t<A, B>; return (C)a < (C)b ? (C)b : (C)a;
+template <class A, class B> inline std::common_type_t<xt_value_t<A>, xt_value_t<B>> max(A a, B b) {
+    using C = std::common_type_t<xt_value_t<A>, xt_value_t<B>>; return (C)a < (C)b ? (C)b : (C)a;
 }
 template <class T> inline T __ldg(const T* p) { return *p; }
 
@@ -232,7 +235,9 @@ namespace xt {
 inline int width_or_32() { return 32; }
 inline int width_or_32(int w) { return w; }
 
-template <class T> inline T shfl(int line, int op, T var, int arg, int width) {
+template <class P> inline xt_value_t<P> shfl(int line, int op, P given, int arg, int width) {
+    using T = xt_value_t<P>;
+    T var = given;
     static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "warp shuffle of a type wider than 8 bytes");
     unsigned long long bits = 0;
     std::memcpy(&bits, &var, sizeof(T));
@@ -299,3 +304,7 @@ template <class... A> const char* signature(void (*)(A...)) {
     return buf;
 }
 }  // namespace xt
+
+#ifdef XT_SANITIZE
+#include "xtrain_sanitizer.h"
+#endif

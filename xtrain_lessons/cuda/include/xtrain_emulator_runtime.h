@@ -29,6 +29,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include <signal.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 
@@ -83,6 +84,7 @@ struct Launch {
     size_t shmem;
     int mode;
     bool fast;                  // no barriers / warp ops: run threads as plain calls
+    bool sanitize = false;      // sanitizer mode: fibers, shared accesses checked
     long long nblocks;
     std::atomic<long long> next{0};
     std::atomic<bool> failed{false};
@@ -93,6 +95,14 @@ struct Launch {
 static constexpr size_t kStaticShared = 48 * 1024;   // CUDA's static shared memory limit per block
 static constexpr size_t kArena = 256 * 1024;         // static __shared__ of all kernels of a library
 static constexpr size_t kStackSize = 128 * 1024;     // per fiber, one guard page included
+
+// Sanitizer mode: what happened last to one byte of shared memory (the first byte of an access).
+struct Shadow {
+    uint64_t init = 0;              // the block (Worker::gen) that last wrote it
+    uint64_t wphase = ~0ull, rphase = ~0ull;  // (block << 24 | barrier epoch) of the last write / reads
+    int16_t wt = -1, rt[2] = {-1, -1};        // the writing thread, up to two reading threads
+    uint32_t wwe = 0, rwe[2] = {0, 0};        // their warp epochs
+};
 
 struct Worker {
     Launch* L = nullptr;
@@ -109,6 +119,10 @@ struct Worker {
     void* sched_sp = nullptr;
     ucontext_t sched_uc;
     std::string error;          // set by a failing thread or by the scheduler
+    // sanitizer mode: barrier epoch of the block, one epoch per warp, shadow of shared memory
+    uint32_t epoch = 0;
+    std::vector<uint32_t> wep;
+    std::vector<Shadow> stat_shadow, dyn_shadow;
     // THREADS mode: the block's CUDA threads run in parallel; mu guards the Thread states
     std::vector<std::thread> os;
     std::mutex mu;
@@ -345,6 +359,7 @@ static int release_warps(Worker* w) {
             }
         }
         if (!live || !ready) continue;
+        if (w->L->sanitize) w->wep[base / 32]++;  // the lanes have met: a new warp epoch
         uint64_t ballot = 0;
         bool any = false, all = true;
         for (int l = 0; l < n; l++) {
@@ -399,6 +414,7 @@ static int complete_barriers(Worker* w, int live) {
             return -1;
         }
         for (int i = 0; i < T; i++) if (w->th[i].state == St::Sync) w->th[i].state = St::Ready;
+        w->epoch++;
         return nsync;
     }
     int released = release_warps(w);
@@ -466,6 +482,7 @@ static bool run_block(Worker* w) {
     Launch* L = w->L;
     const int T = w->nthreads;
     w->gen++;  // static __shared__ sites are NaN-filled when first reached in this block
+    if (L->sanitize) { w->epoch = 0; w->wep.assign((T + 31) / 32, 0); }
     w->block_static = 0;
     if (L->shmem) std::memset(w->dyn, 0xFF, L->shmem);  // NaN everywhere: uninitialised reads show
     xt_tls.bid = w->bidx;
@@ -626,7 +643,12 @@ struct ThreadPool {
 };
 static ThreadPool* g_pool = new ThreadPool;  // leaked on purpose: no destructor at exit
 
+}  // namespace xt
+#include "xtrain_sanitizer_runtime.h"
+namespace xt {
+
 static int run_launch(Launch& L, int workers, char* err, unsigned long long errlen) {
+    SanitizerSignals signals(L.sanitize);
     try {
         if (L.mode == FIBERS && !XT_HAVE_ASM_SWITCH) L.mode = UCONTEXT;
         L.nblocks = (long long)L.grid.x * L.grid.y * L.grid.z;
@@ -693,6 +715,8 @@ XT_EXPORT int xt_run(const xt_launch_t* in, char* err, unsigned long long errlen
     L.block = uint3{in->block[0], in->block[1], in->block[2]};
     L.shmem = in->shmem;
     L.mode = in->mode;
-    L.fast = in->fast != 0;
+    L.fast = (in->fast & 1) != 0;
+    L.sanitize = (in->fast & 2) != 0;
+    if (L.sanitize) { L.fast = false; L.mode = FIBERS; }  // the checks need one thread at a time
     return run_launch(L, in->workers, err, errlen);
 }
