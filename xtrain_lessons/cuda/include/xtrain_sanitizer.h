@@ -72,7 +72,7 @@ template <class A> struct sview {
     sidx ix;
     template <class I> decltype(auto) operator[](I i) const {
         scheck(i, N, name, ix);
-        if constexpr (std::is_array_v<Sub>) return sview<Sub>{&p[i], name, ix.with((long long)i)};
+        if constexpr (std::is_array_v<Sub>) return sview<Sub>{p[i], name, ix.with((long long)i)};
         else return selem(&p[i], name, ix.with((long long)i));
     }
     operator Sub*() const { xt_san_shared_escape((const void*)p, sizeof(A)); return p; }

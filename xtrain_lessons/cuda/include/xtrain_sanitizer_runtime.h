@@ -133,7 +133,8 @@ XT_EXPORT void xt_san_shared(const void* addr, unsigned size, int write, const c
     }
     if (s->init != w->gen)
         fail("read of shared memory never written: " + element(name, idx, nidx) + " " + where(w) +
-             " (shared memory starts with whatever the previous block left; write it before reading it)");
+             " (no thread of this block has written it yet: a __syncthreads() missing between the writes and "
+             "this read, or an element nobody initialises; on a GPU it holds what an earlier block left)");
     if (s->wphase == phase && conflict(s->wt, s->wwe))
         race(w, element(name, idx, nidx), s->wt, "writes", "reads");
     if (s->rphase != phase) {
