@@ -80,8 +80,8 @@ def test_shared_memory_race_between_barriers():
     with pytest.raises(KernelError) as e:
         run("pair_race")
     msg = str(e.value)
-    assert "shared-memory race on s[0]" in msg and "thread (0,0,0) writes" in msg
-    assert "thread (1,0,0) reads" in msg and "__syncthreads() (on line 21)" in msg
+    assert "shared-memory race on s[0]" in msg and "thread (0,0,0) wrote it" in msg
+    assert "thread (1,0,0) now reads it" in msg and "__syncthreads() (on line 21)" in msg
 
 
 def test_missing_barrier_is_reported():

@@ -65,7 +65,12 @@ import numpy as np
 
 from xtrain_lessons.cuda.emulator import CompileError, CpuKernel, KernelError, sanitize_default
 
-__all__ = ["Kernel", "KernelError", "CompileError", "load_kernel", "selftest", "KERNELS_DIR"]
+__all__ = ["Kernel", "KernelError", "CompileError", "load_kernel", "selftest", "KERNELS_DIR", "SANITIZER_HINT"]
+
+# What a check says when a kernel's output is NaN or wrong.
+SANITIZER_HINT = ("to find where, run the kernel again with Kernel(..., sanitize=True) (or XTRAIN_SANITIZE=1): "
+                  "it reports out-of-bounds accesses, reads of unwritten shared memory and races, "
+                  "with the block, thread and array")
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
 

@@ -528,10 +528,11 @@ class CpuKernel:
         err = ctypes.create_string_buffer(4096)
         dims = (ctypes.c_uint * 6)(*g, *b)
         flags = 2 if self.sanitize else (0 if self.uses_barriers else 1)
+        workers = 1 if self.sanitize else emulator_workers()  # one worker: the first bug in block order
 
         def launch() -> int:
             return self._launch(ctypes.addressof(dims), ctypes.addressof(dims) + 12, shmem, ptrs.ctypes.data,
-                                MODES[emulator_mode()], emulator_workers(), flags, err, len(err))
+                                MODES[emulator_mode()], workers, flags, err, len(err))
         run = (lambda: _with_c_stdout_to_python(launch)) if self.uses_printf else launch
         rc = self._run_guarded(run, args, slots) if self.sanitize else run()
         if rc != 0:

@@ -98,13 +98,13 @@ static std::string element(const char* name, const long long* idx, int nidx) {
 
 static std::string since_barrier(Worker* w) {
     if (w->epoch == 0) return "since the kernel started (no __syncthreads() between them)";
-    return "after the same __syncthreads() (on line " + std::to_string(w->th[t_index].line) +
+    return "both after the same __syncthreads() (on line " + std::to_string(w->th[t_index].line) +
            ") with no barrier between them";
 }
 
 static void race(Worker* w, const std::string& elem, int other, const char* other_did, const char* we_do) {
     fail("shared-memory race on " + elem + " in " + block_name(w) + ": " + thread_name(w, other) + " " +
-         other_did + " it and " + thread_name(w, t_index) + " " + we_do + " it " + since_barrier(w) +
+         other_did + " it and " + thread_name(w, t_index) + " now " + we_do + " it, " + since_barrier(w) +
          "; add a __syncthreads() between the two accesses");
 }
 
@@ -124,10 +124,10 @@ XT_EXPORT void xt_san_shared(const void* addr, unsigned size, int write, const c
     auto conflict = [&](int o, uint32_t owe) { return o >= 0 && o != t && !(o / 32 == t / 32 && owe != we); };
     if (write) {
         if (s->wphase == phase && conflict(s->wt, s->wwe))
-            race(w, element(name, idx, nidx), s->wt, "writes", "writes");
+            race(w, element(name, idx, nidx), s->wt, "wrote", "writes");
         if (s->rphase == phase)
             for (int k = 0; k < 2; k++)
-                if (conflict(s->rt[k], s->rwe[k])) race(w, element(name, idx, nidx), s->rt[k], "reads", "writes");
+                if (conflict(s->rt[k], s->rwe[k])) race(w, element(name, idx, nidx), s->rt[k], "read", "writes");
         s->wphase = phase, s->wt = (int16_t)t, s->wwe = we, s->init = w->gen;
         return;
     }
@@ -136,7 +136,7 @@ XT_EXPORT void xt_san_shared(const void* addr, unsigned size, int write, const c
              " (no thread of this block has written it yet: a __syncthreads() missing between the writes and "
              "this read, or an element nobody initialises; on a GPU it holds what an earlier block left)");
     if (s->wphase == phase && conflict(s->wt, s->wwe))
-        race(w, element(name, idx, nidx), s->wt, "writes", "reads");
+        race(w, element(name, idx, nidx), s->wt, "wrote", "reads");
     if (s->rphase != phase) {
         s->rphase = phase, s->rt[0] = (int16_t)t, s->rwe[0] = we, s->rt[1] = -1;
     } else if (s->rt[0] != t && s->rt[1] < 0) {
