@@ -164,3 +164,20 @@ def test_package_kernels_are_clean(sanitized):
     refs = flash_attention.flash_attention_bwd_reference(q, k, vv, out, lse, np.ones_like(out))
     for got, ref in zip(grads, refs):
         np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-4)
+
+
+def test_real_world_kernels_are_clean():
+    """Cooperative groups, a template kernel's shared array, __constant__ memory: no report."""
+    from xtrain_lessons.cuda import Module
+    mod = Module(KDIR / "real_world.cu", name_expressions=["block_sum_t<double, 64>"], backend="cpu", sanitize=True)
+    x = np.random.default_rng(2).standard_normal(1000).astype(np.float32)
+    ws, wm, bs = np.zeros(33, np.float32), np.zeros(33, np.float32), np.zeros(11, np.float32)
+    mod.get_function("cg_warp_reduce")((11,), (96,), (x, ws, wm, bs, np.int32(1000)))
+    np.testing.assert_allclose(bs.sum(), x.sum(), rtol=1e-4)
+    xd, out = x.astype(np.float64), np.zeros(16, np.float64)
+    mod.get_function("block_sum_t<double, 64>")((16,), (64,), (xd, out, np.int32(1000)))
+    np.testing.assert_allclose(out.sum(), xd.sum(), rtol=1e-12)
+    mod.set_global("poly", np.array([1, 2, 3, 4], np.float32))
+    y = np.zeros(1000, np.float32)
+    mod.get_function("horner")((4,), (256,), (x, y, np.int32(1000)))
+    np.testing.assert_allclose(y, 1 + x * (2 + x * (3 + 4 * x)), rtol=1e-5, atol=1e-5)

@@ -73,3 +73,11 @@ def test_nvrtc_rejects_what_nvcc_forgives():
     src = 'extern "C" __global__ void k(float* x) { x[0] = -INFINITY; }'
     with pytest.raises(AssertionError, match="INFINITY"):
         nvrtc_compile(src, "k.cu")
+
+
+def test_nvrtc_compiles_template_kernels_by_name_expression():
+    """The name expressions the emulator's tests launch compile to entries with NVRTC too."""
+    path = ROOT / "tests" / "cuda_kernels" / "real_world.cu"
+    ptx = nvrtc_compile(path.read_text(), str(path), gpu_options((), str(path)),
+                        name_expressions=("block_sum_t<float, 128>", "block_sum_t<double, 64>"))
+    assert ptx.count(".entry") >= 9  # the 7 extern "C" kernels and both instantiations

@@ -63,9 +63,9 @@ from pathlib import Path
 
 import numpy as np
 
-from xtrain_lessons.cuda.emulator import CompileError, CpuKernel, KernelError, sanitize_default
+from xtrain_lessons.cuda.emulator import CompileError, CpuKernel, CpuModule, KernelError, sanitize_default
 
-__all__ = ["Kernel", "KernelError", "CompileError", "load_kernel", "selftest", "KERNELS_DIR", "SANITIZER_HINT"]
+__all__ = ["Kernel", "Module", "RawModule", "KernelError", "CompileError", "load_kernel", "selftest", "KERNELS_DIR", "SANITIZER_HINT"]
 
 # What a check says when a kernel's output is NaN or wrong.
 SANITIZER_HINT = ("to find where, run the kernel again with Kernel(..., sanitize=True) (or XTRAIN_SANITIZE=1): "
@@ -102,18 +102,27 @@ def gpu_options(options, filename: str | None) -> tuple[str, ...]:
     return tuple(options)
 
 
+def _cupy():
+    try:
+        import cupy
+    except ImportError as e:
+        raise RuntimeError("backend='gpu' needs CuPy (pip install cupy-cuda12x) and an NVIDIA GPU") from e
+    return cupy
+
+
 class GpuKernel:
     """`cupy.RawKernel` with the argument checks that need no type information."""
 
     backend = "gpu"
 
-    def __init__(self, source: str, name: str, options=(), filename: str | None = None):
-        try:
-            import cupy
-        except ImportError as e:
-            raise RuntimeError("backend='gpu' needs CuPy (pip install cupy-cuda12x) and an NVIDIA GPU") from e
-        self.name, self.source, self.filename = name, source, filename or f"{name}.cu"
-        self._kernel = cupy.RawKernel(source, name, options=gpu_options(options, filename))
+    def __init__(self, source: str, name: str, options=(), filename: str | None = None, kernel=None):
+        self.name, self.source, self.filename = name, source, filename or f"{name.split('<')[0].strip()}.cu"
+        if kernel is None:  # a template kernel goes through a module, which knows name expressions
+            self._kernel = _cupy().RawKernel(source, name, options=gpu_options(options, filename)) \
+                if "<" not in name else _cupy().RawModule(code=source, options=gpu_options(options, filename),
+                                                         name_expressions=[name]).get_function(name)
+        else:
+            self._kernel = kernel
 
     def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
         from xtrain_lessons.cuda.emulator import check_launch
@@ -136,15 +145,17 @@ class Kernel:
     """A CUDA C kernel, runnable on the GPU (CuPy) or the CPU (emulator); see the module doc."""
 
     def __init__(self, source: str | os.PathLike, name: str, options=(), backend: str = "auto",
-                 sanitize: bool | None = None):
-        text, filename = _read_source(source)
-        self.backend = _resolve_backend(backend)
-        if self.backend == "gpu":  # on a GPU, run the script under NVIDIA's compute-sanitizer instead
-            self._impl = GpuKernel(text, name, tuple(options), filename)
-        else:
-            self._impl = CpuKernel(text, name, tuple(options), filename, sanitize=sanitize)
-        self.sanitize = getattr(self._impl, "sanitize", False)
-        self.name, self.source, self.filename = name, text, self._impl.filename
+                 sanitize: bool | None = None, *, _impl=None):
+        if _impl is None:
+            text, filename = _read_source(source)
+            backend = _resolve_backend(backend)
+            if backend == "gpu":  # on a GPU, run the script under NVIDIA's compute-sanitizer instead
+                _impl = GpuKernel(text, name, tuple(options), filename)
+            else:
+                _impl = CpuKernel(text, name, tuple(options), filename, sanitize=sanitize)
+        self._impl, self.backend = _impl, _impl.backend
+        self.sanitize = getattr(_impl, "sanitize", False)
+        self.name, self.source, self.filename = name, _impl.source, _impl.filename
 
     def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
         self._impl(grid, block, args, shared_mem=shared_mem)
@@ -156,6 +167,46 @@ class Kernel:
     def __repr__(self) -> str:
         return f"Kernel({self.name!r}, file={self.filename!r}, backend={self.backend!r})"
 
+
+class Module:
+    """Several kernels, template kernels and `__constant__` memory in one source, with the API of
+    `cupy.RawModule`; `RawModule(code=..., name_expressions=[...])` is the same class.
+
+        mod = Module(code=src, name_expressions=["scale<float, 128>"])
+        k = mod.get_function("scale<float, 128>")     # a Kernel
+        mod.set_global("coeffs", np.arange(8, dtype=np.float32))   # __constant__ float coeffs[8];
+    """
+
+    def __init__(self, code: str | os.PathLike, options=(), name_expressions=(), backend: str = "auto",
+                 sanitize: bool | None = None):
+        text, filename = _read_source(code)
+        self.backend, self.source = _resolve_backend(backend), text
+        self.filename = filename or "module.cu"
+        if self.backend == "gpu":
+            self._impl = _cupy().RawModule(code=text, options=gpu_options(options, filename),
+                                           name_expressions=list(name_expressions) or None)
+        else:
+            self._impl = CpuModule(text, tuple(options), filename, sanitize, tuple(name_expressions))
+
+    def get_function(self, name: str) -> Kernel:
+        if self.backend == "gpu":
+            impl = GpuKernel(self.source, name, filename=self.filename, kernel=self._impl.get_function(name))
+        else:
+            impl = self._impl.get_function(name)
+        return Kernel(None, name, _impl=impl)
+
+    def get_global(self, name: str):
+        """The variable's device memory: a cupy MemoryPointer on a GPU, a GlobalMemory on the CPU
+        (both have .ptr, copy_from_host(ptr, nbytes), copy_to_host(ptr, nbytes))."""
+        return self._impl.get_global(name)
+
+    def set_global(self, name: str, values: np.ndarray) -> None:
+        """Copy a NumPy array's bytes into the variable (how a launcher sets __constant__ memory)."""
+        values = np.ascontiguousarray(values)
+        self.get_global(name).copy_from_host(values.ctypes.data, values.nbytes)
+
+
+RawModule = Module
 
 _loaded: dict[tuple, Kernel] = {}
 _loaded_lock = threading.Lock()

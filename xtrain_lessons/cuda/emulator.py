@@ -80,7 +80,8 @@ COMPAT_HEADER = "xtrain_cuda_compat.h"
 RUNTIME_HEADER = "xtrain_emulator_runtime.h"
 CXX_FLAGS = ("-std=c++20", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-pthread")
 MODES = {"fibers": 0, "ucontext": 1, "threads": 2}
-_SYNC_OPS = re.compile(r"\b(__syncthreads|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|__all_sync|__activemask)\b")
+_SYNC_OPS = re.compile(r"\b(__syncthreads|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|__all_sync|__activemask"
+                       r"|cooperative_groups|this_thread_block|tiled_partition)\b")
 
 
 class KernelError(RuntimeError):
@@ -212,24 +213,65 @@ def rewrite_shared(src: str, sanitize: bool = False) -> str:
     return _SHARED_RE.sub(repl, src)
 
 
-def prepare_source(source: str, filename: str, sanitize: bool = False) -> tuple[str, list[str]]:
-    """The C++ translation unit for `source`, and the names of the kernels it launches."""
-    names = list(find_kernels(source))
+def template_kernels(src: str) -> set[str]:
+    """The kernels declared `template <...> __global__ ...`: launched by name expression only."""
+    code = strip_comments(src)
+    found = set()
+    for m in _KERNEL_RE.finditer(code):
+        before = code[: m.start()]
+        cut = max(before.rfind(";"), before.rfind("}"), before.rfind("{"))
+        if re.search(r"\btemplate\s*<", before[cut + 1:]):
+            found.add(m.group(1))
+    return found
+
+
+_GLOBAL_VAR_RE = re.compile(r"\b(?:__constant__|__device__)\s+(?:(?:const|static|volatile)\s+)*[A-Za-z_][\w:]*"
+                            r"(?:\s*<[^;{}()]*>)?[\s*&]+([A-Za-z_]\w*)\s*(?:\[[^\]]*\]\s*)*(?:=|;)")
+
+
+def global_variables(src: str) -> list[str]:
+    """File-scope `__constant__` / `__device__` variables (for get_global)."""
+    code = strip_comments(src)
+    return [m.group(1) for m in _GLOBAL_VAR_RE.finditer(code)
+            if code[: m.start()].count("{") == code[: m.start()].count("}")]
+
+
+def _symbol(expr: str) -> str:
+    """A C identifier for a launch name: the kernel's own name, or a hash of a name expression."""
+    return expr if re.fullmatch(r"[A-Za-z_]\w*", expr) else "e" + hashlib.sha256(expr.encode()).hexdigest()[:16]
+
+
+def prepare_source(source: str, filename: str, sanitize: bool = False,
+                   name_expressions=()) -> tuple[str, dict[str, str]]:
+    """The C++ translation unit for `source`, and {launch name: symbol} of the kernels it launches.
+
+    Non-template kernels are launched by name; template kernels only through the name
+    expressions asked for, e.g. "scale<float, 128>" (as `cupy.RawModule(name_expressions=...)`)."""
+    kernels, templates = list(find_kernels(source)), template_kernels(source)
+    entries = {n: n for n in kernels if n not in templates}
+    for expr in name_expressions:
+        base = expr.split("<")[0].strip()
+        if base not in kernels:
+            raise CompileError(f"name expression {expr!r}: no __global__ function named {base!r} in {filename} "
+                               f"(found: {', '.join(kernels) or 'none'})")
+        entries[expr] = _symbol(expr)
     fname = filename.replace("\\", "/").replace('"', "")
     try:
         body = rewrite_shared(source, sanitize)
     except CompileError as e:
         raise CompileError(f"{fname}: {e}") from None
     lines = [f'#line 1 "{fname}"', body, "", '#line 1 "<xtrain kernel launchers>"']
-    for n in names:
+    export = 'extern "C" __attribute__((visibility("default")))'
+    for expr, sym in entries.items():
         lines.append(
-            f'extern "C" __attribute__((visibility("default"))) int xt_launch_{n}(const unsigned* g, '
-            f"const unsigned* b, unsigned long long shmem, void** args, int mode, int workers, int fast, "
-            f"char* err, unsigned long long errlen) {{ return xt::launch(&{n}, g, b, shmem, args, mode, "
-            f"workers, fast, err, errlen); }}")
-        lines.append(f'extern "C" __attribute__((visibility("default"))) const char* xt_signature_{n}() '
-                     f"{{ return xt::signature(&{n}); }}")
-    return "\n".join(lines) + "\n", names
+            f"{export} int xt_launch_{sym}(const unsigned* g, const unsigned* b, unsigned long long shmem, "
+            f"void** args, int mode, int workers, int fast, char* err, unsigned long long errlen) "
+            f"{{ return xt::launch(&{expr}, g, b, shmem, args, mode, workers, fast, err, errlen); }}")
+        lines.append(f"{export} const char* xt_signature_{sym}() {{ return xt::signature(&{expr}); }}")
+    for var in global_variables(source):
+        lines.append(f"{export} void* xt_global_{var}(unsigned long long* bytes) "
+                     f"{{ *bytes = sizeof({var}); return (void*)&{var}; }}")
+    return "\n".join(lines) + "\n", entries
 
 
 # ------------------------------------------------------------------ compiling and caching
@@ -479,35 +521,82 @@ def sanitize_default() -> bool:
     return os.environ.get("XTRAIN_SANITIZE", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
+class CpuModule:
+    """A CUDA source compiled for the CPU emulator, like `cupy.RawModule`: its kernels by name
+    (or name expression, for templates) and its `__constant__` / `__device__` variables."""
+
+    backend = "cpu"
+
+    def __init__(self, source: str, options=(), filename: str | None = None, sanitize: bool | None = None,
+                 name_expressions=()):
+        self.source, self.filename = source, filename or "module.cu"
+        self.sanitize = sanitize_default() if sanitize is None else bool(sanitize)
+        self.name_expressions = tuple(name_expressions)
+        cpp, self.entries = prepare_source(source, self.filename, self.sanitize, self.name_expressions)
+        from_file = filename is not None and Path(filename).is_file()
+        flags = _cpu_flags(options) + (("-DXT_SANITIZE",) if self.sanitize else ())
+        self.library_path = compile_library(cpp, flags, self.filename, source=None if from_file else source)
+        self.lib = load_library(self.library_path)
+        self.globals = global_variables(source)
+
+    def get_function(self, name: str) -> "CpuKernel":
+        return CpuKernel(self.source, name, filename=self.filename, module=self)
+
+    def get_global(self, name: str) -> "GlobalMemory":
+        if name not in self.globals:
+            raise KeyError(f"no __constant__ or __device__ variable {name!r} at file scope in {self.filename} "
+                           f"(found: {', '.join(self.globals) or 'none'})")
+        fn = getattr(self.lib, f"xt_global_{name}")
+        fn.restype = ctypes.c_void_p
+        size = ctypes.c_ulonglong(0)
+        ptr = fn(ctypes.byref(size))
+        return GlobalMemory(ptr, size.value, name)
+
+
+class GlobalMemory:
+    """A `__constant__` / `__device__` variable's memory, with CuPy's MemoryPointer copy methods."""
+
+    def __init__(self, ptr: int, size: int, name: str):
+        self.ptr, self.size, self.name = ptr, size, name
+
+    def copy_from_host(self, src, size: int) -> None:
+        if size > self.size:
+            raise ValueError(f"{self.name} holds {self.size} bytes; cannot copy {size} into it")
+        ctypes.memmove(self.ptr, src, size)
+
+    def copy_to_host(self, dst, size: int) -> None:
+        ctypes.memmove(dst, self.ptr, min(size, self.size))
+
+
 class CpuKernel:
     """A kernel compiled for the CPU emulator; call it like `cupy.RawKernel`."""
 
     backend = "cpu"
 
     def __init__(self, source: str, name: str, options=(), filename: str | None = None,
-                 sanitize: bool | None = None):
-        self.name, self.source = name, source
-        self.filename = filename or f"{name}.cu"
-        self.sanitize = sanitize_default() if sanitize is None else bool(sanitize)
-        cpp, names = prepare_source(source, self.filename, self.sanitize)
-        if name not in names:
-            found = ", ".join(names) or "none"
-            raise CompileError(f"no __global__ function named {name!r} in {self.filename} (found: {found})")
-        from_file = filename is not None and Path(filename).is_file()
-        flags = _cpu_flags(options) + (("-DXT_SANITIZE",) if self.sanitize else ())
-        self.library_path = compile_library(cpp, flags, self.filename, source=None if from_file else source)
-        lib = load_library(self.library_path)
-        sig = getattr(lib, f"xt_signature_{name}")
+                 sanitize: bool | None = None, module: CpuModule | None = None):
+        if module is None:
+            module = CpuModule(source, options, filename or f"{name.split('<')[0].strip()}.cu", sanitize,
+                               name_expressions=(name,) if "<" in name else ())
+        self.name, self.source, self.filename, self.sanitize = name, source, module.filename, module.sanitize
+        if name not in module.entries:
+            found = ", ".join(module.entries) or "none"
+            hint = " (a template kernel: pass its name expression, e.g. \"kernel<float, 128>\")" \
+                if name in template_kernels(source) else ""
+            raise CompileError(f"no __global__ function named {name!r} in {self.filename} (found: {found}){hint}")
+        self.library_path, lib, sym = module.library_path, module.lib, module.entries[name]
+        sig = getattr(lib, f"xt_signature_{sym}")
         sig.restype = ctypes.c_char_p
         codes = sig().decode()
         self.params = [Param(i, c) for i, c in enumerate(codes.split(",") if codes else [])]
-        self._launch = getattr(lib, f"xt_launch_{name}")
+        self._launch = getattr(lib, f"xt_launch_{sym}")
         self._launch.restype = ctypes.c_int
         self._launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p,
                                  ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_ulonglong]
-        self.uses_barriers = needs_fibers(source, name, _local_includes(source, self.filename))
+        base = name.split("<")[0].strip()
+        self.uses_barriers = needs_fibers(source, base, _local_includes(source, self.filename))
         self.uses_printf = "printf" in strip_comments(source)
-        self.param_names = param_names(source, name)
+        self.param_names = param_names(source, base)
 
     @property
     def signature(self) -> str:

@@ -701,6 +701,11 @@ XT_EXPORT char* xt_shared_site(const xt_site_t* site) {
 
 XT_EXPORT char* xt_dynamic_shared() { return t_w->dyn; }
 
+XT_EXPORT void xt_trap(int line) {
+    xt::fail("__trap() on line " + std::to_string(line) + " " + xt::where(xt::t_w));
+    std::abort();  // not reached: fail() stops this CUDA thread
+}
+
 XT_EXPORT long long xt_clock64() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
                std::chrono::steady_clock::now().time_since_epoch()).count();
