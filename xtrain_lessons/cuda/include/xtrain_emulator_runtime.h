@@ -71,7 +71,7 @@ struct Thread {
     int arg = 0, width = 32;
     uint3 tid{};
     void* sp = nullptr;         // FIBERS: saved stack pointer
-    ucontext_t uc;              // UCONTEXT
+    std::unique_ptr<ucontext_t> uc;  // UCONTEXT (allocated on first use: it is ~1 KB)
     std::unique_ptr<std::binary_semaphore> go;  // THREADS: start the next block
     std::unique_ptr<std::condition_variable> wake;  // THREADS: released from a barrier
 };
@@ -95,6 +95,9 @@ struct Launch {
 static constexpr size_t kStaticShared = 48 * 1024;   // CUDA's static shared memory limit per block
 static constexpr size_t kArena = 256 * 1024;         // static __shared__ of all kernels of a library
 static constexpr size_t kStackSize = 128 * 1024;     // per fiber, one guard page included
+// Stack tops 128 KB apart all fall in the same cache sets, and a barrier touches every fiber's
+// top: shift fiber i's top by (i % 64) cache lines so that they spread over the sets.
+static inline size_t stagger(int i) { return (size_t)(i % 64) * 64; }
 
 // Sanitizer mode: what happened last to one byte of shared memory (the first byte of an access).
 struct Shadow {
@@ -128,6 +131,7 @@ struct Worker {
     std::mutex mu;
     std::condition_variable cv;
     int live = 0, running = 0, unfinished = 0;
+    int fibers_live = 0;        // FIBERS / UCONTEXT: threads of the block not finished
     bool quit = false, aborting = false;
 };
 
@@ -183,13 +187,13 @@ static void set_error(Launch* L, const std::string& msg) {
     L->failed = true;
 }
 
+static void leave(Worker* w, int i);
+
 static void fiber_finish(Worker* w, int i) {
     w->th[i].state = St::Done;
-#if XT_HAVE_ASM_SWITCH
-    if (w->L->mode == FIBERS) { xt_switch_ctx(&w->th[i].sp, w->sched_sp); __builtin_trap(); }
-#endif
-    swapcontext(&w->th[i].uc, &w->sched_uc);
-    __builtin_trap();
+    w->fibers_live--;
+    leave(w, i);
+    __builtin_trap();  // a finished fiber is never resumed
 }
 
 static void fiber_main() {
@@ -199,8 +203,8 @@ static void fiber_main() {
     fiber_finish(w, i);
 }
 
-// Switch from the scheduler into CUDA thread i until it blocks or finishes.
-static void resume(Worker* w, int i) {
+// Make CUDA thread i the current one: its identity, and a fresh stack if it has not run yet.
+static void enter(Worker* w, int i) {
     Thread& t = w->th[i];
     t_index = i;
     xt_tls.tid = t.tid;
@@ -210,7 +214,7 @@ static void resume(Worker* w, int i) {
 #if XT_HAVE_ASM_SWITCH
         if (w->L->mode == FIBERS) {
             // A fresh stack that "returns" into fiber_main with the ABI's alignment.
-            void** sp = (void**)(((uintptr_t)(base + kStackSize)) & ~(uintptr_t)15);
+            void** sp = (void**)(((uintptr_t)(base + kStackSize - stagger(i))) & ~(uintptr_t)15);
             *--sp = nullptr;
             *--sp = (void*)&fiber_main;
             for (int k = 0; k < 6; k++) *--sp = nullptr;
@@ -218,17 +222,47 @@ static void resume(Worker* w, int i) {
         }
 #endif
         if (w->L->mode != FIBERS || !XT_HAVE_ASM_SWITCH) {
-            getcontext(&t.uc);
-            t.uc.uc_stack.ss_sp = base + 4096;
-            t.uc.uc_stack.ss_size = kStackSize - 4096;
-            t.uc.uc_link = nullptr;
-            makecontext(&t.uc, (void (*)())fiber_main, 0);
+            if (!t.uc) t.uc = std::make_unique<ucontext_t>();
+            getcontext(t.uc.get());
+            t.uc->uc_stack.ss_sp = base + 4096;
+            t.uc->uc_stack.ss_size = kStackSize - 4096 - stagger(i);
+            t.uc->uc_link = nullptr;
+            makecontext(t.uc.get(), (void (*)())fiber_main, 0);
         }
     }
+}
+
+// The next fiber of this round: the first runnable one after i, or -1.
+static inline int next_ready(Worker* w, int i) {
+    for (int j = i + 1; j < w->nthreads; j++)
+        if (w->th[j].state == St::Ready) return j;
+    return -1;
+}
+
+// Switch from the scheduler into CUDA thread i. With FIBERS, the fibers then hand over to each
+// other directly (leave) and only the last runnable one comes back here: one stack switch per
+// thread and barrier instead of two.
+static void resume(Worker* w, int i) {
+    enter(w, i);
 #if XT_HAVE_ASM_SWITCH
-    if (w->L->mode == FIBERS) { xt_switch_ctx(&w->sched_sp, t.sp); return; }
+    if (w->L->mode == FIBERS) { xt_switch_ctx(&w->sched_sp, w->th[i].sp); return; }
 #endif
-    swapcontext(&w->sched_uc, &t.uc);
+    swapcontext(&w->sched_uc, w->th[i].uc.get());
+}
+
+// CUDA thread i stops (it waits or has finished): run the next fiber of the round, or go back
+// to the scheduler when there is none.
+static void leave(Worker* w, int i) {
+#if XT_HAVE_ASM_SWITCH
+    if (w->L->mode == FIBERS) {
+        int j = next_ready(w, i);
+        if (j < 0) { xt_switch_ctx(&w->th[i].sp, w->sched_sp); return; }
+        enter(w, j);
+        xt_switch_ctx(&w->th[i].sp, w->th[j].sp);
+        return;
+    }
+#endif
+    swapcontext(w->th[i].uc.get(), &w->sched_uc);
 }
 
 static void settle(Worker* w);
@@ -243,7 +277,7 @@ static void yield() {
         return;
     }
 #endif
-    swapcontext(&w->th[i].uc, &w->sched_uc);
+    swapcontext(w->th[i].uc.get(), &w->sched_uc);
 }
 
 // An error detected inside a CUDA thread: record it and stop this thread.
@@ -281,7 +315,7 @@ static void wait_at(St state, int line, Op op = Op::None, uint64_t value = 0, in
     t.value = value;
     t.arg = arg;
     t.width = width;
-    if (!threads) { yield(); return; }
+    if (!threads) { leave(w, t_index); return; }
     w->running--;
     settle(w);
     t.wake->wait(lock, [&] { return t.state == St::Ready || w->aborting; });
@@ -496,14 +530,16 @@ static bool run_block(Worker* w) {
     }
     if (L->mode == THREADS) return run_block_threads(w);
     for (int i = 0; i < T; i++) { w->th[i].state = St::Ready; w->th[i].started = false; }
-    int live = T;
+    w->fibers_live = T;
     for (;;) {
-        for (int i = 0; i < T; i++) {  // run every runnable fiber until it blocks or exits
-            if (w->th[i].state != St::Ready) continue;
+        // Run every runnable fiber, in thread order, until it blocks or exits. FIBERS: one
+        // resume starts a chain through all of them; UCONTEXT: one resume each.
+        for (int i = next_ready(w, -1); i >= 0; i = next_ready(w, i)) {
             resume(w, i);
             if (!w->error.empty()) return false;
-            if (w->th[i].state == St::Done) live--;
+            if (L->mode == FIBERS && XT_HAVE_ASM_SWITCH) break;
         }
+        const int live = w->fibers_live;
         if (live == 0) return true;
         int released = complete_barriers(w, live);
         if (released < 0) return false;
