@@ -20,11 +20,12 @@ from a GPU).
 
 Public API
 ----------
-Kernel(source, name, options=(), backend="auto")
+Kernel(source, name, options=(), backend="auto", sanitize=None)
     `source`: CUDA C text or a path to a `.cu` file; `name`: the `extern "C" __global__`
-    function. `backend`: "gpu" (CuPy), "cpu" (emulator) or "auto" (gpu when
-    `xtrain_lessons.device.get_device() == "cuda"`). `options` go to NVRTC; on the CPU only
-    -D/-U/-I options are passed on to g++.
+    function, or a template's name expression ("block_sum<float, 128>"). `backend`: "gpu"
+    (CuPy), "cpu" (emulator) or "auto" (gpu when `xtrain_lessons.device.get_device() ==
+    "cuda"`). `options` go to NVRTC; on the CPU only -D/-U/-I options are passed on to g++.
+    `sanitize` (CPU; default $XTRAIN_SANITIZE): check every access, see below.
 kernel(grid, block, args, shared_mem=0)
     The `cupy.RawKernel` calling convention. grid and block are ints or tuples of up to 3 ints;
     args a tuple of arrays (C-contiguous; NumPy on the CPU, where the kernel writes into them in
@@ -33,9 +34,14 @@ kernel(grid, block, args, shared_mem=0)
     64-bit value, which a GPU kernel silently misreads. shared_mem is the bytes of
     `extern __shared__` memory per block.
 kernel.signature (CPU) — the parameter list, e.g. "const float*, float*, float, int".
+Module(code, options=(), name_expressions=(), backend="auto", sanitize=None), alias RawModule —
+    `cupy.RawModule`'s API: get_function(name or name expression) -> Kernel; get_global(name)
+    (a `__constant__`/`__device__` variable's memory, with copy_from_host / copy_to_host);
+    set_global(name, numpy_array).
 load_kernel("vector_add.cu", "vector_add") — a kernel of the package (xtrain_lessons/kernels/),
     compiled once per process and backend.
-KernelError — a run-time failure: deadlock, barrier divergence. CompileError(KernelError) —
+KernelError — a run-time failure: deadlock, barrier divergence, __trap(), a sanitizer report.
+    CompileError(KernelError) —
     the compiler's message, with the line numbers of the .cu file.
 selftest() -> (ok, message) — compile and run vector add; used by `xtrain doctor`.
 
@@ -43,16 +49,26 @@ What the CPU emulator checks (and a GPU would not tell you): shared memory start
 (0xFF bytes) in every block, so a read before a write shows; a `__syncthreads()` that not
 every thread reaches, or that threads reach at different lines, raises KernelError naming the
 threads and the lines, instead of hanging; arguments must match the parameter types. Threads
-that return early count as arrived at later barriers. What it cannot see (races, warp lockstep,
-out-of-bounds indices) is listed in `xtrain_lessons.cuda.emulator`'s docstring.
+that return early count as arrived at later barriers. What it cannot see (warp lockstep, most
+races) is listed in `xtrain_lessons.cuda.emulator`'s docstring.
+
+The sanitizer (`sanitize=True` or XTRAIN_SANITIZE=1; CPU only, on a GPU use NVIDIA's
+compute-sanitizer) stops the kernel at the first out-of-bounds read or write of an array
+argument or of shared memory, read of shared memory no thread has written, or shared-memory
+race (two threads, one writing, touch an element between the same two barriers), with a
+KernelError naming the kernel, block, thread, array (parameter) name, index and size. It runs
+the blocks one at a time, so the report is the first bug in block order. SANITIZER_HINT is the
+line a check prints on a kernel's wrong output.
 
 Writing a kernel that runs on both: declare it `extern "C" __global__ void name(...)` (CuPy
-finds it by that name; no templates), one `__shared__` variable per declaration, and pass
-scalars as NumPy scalars of the parameter's type.
+finds it by that name) or launch a template through Module's name expressions, one
+`__shared__` variable per declaration, and pass scalars as NumPy scalars of the parameter's
+type. NVRTC (CuPy's compiler) does not include math.h: define INFINITY yourself.
 
 Environment: XTRAIN_CACHE_DIR (compiled kernels, default ~/.cache/xtrain-lessons/kernels),
 XTRAIN_EMULATOR_MODE=fibers|ucontext|threads (how a block's threads run; fibers is fastest),
-XTRAIN_EMULATOR_WORKERS (OS threads running blocks; default: one per core), CXX (default g++).
+XTRAIN_EMULATOR_WORKERS (OS threads running blocks; default: one per core), CXX (default g++),
+XTRAIN_SANITIZE=1 (the sanitizer for every kernel compiled afterwards).
 """
 
 from __future__ import annotations

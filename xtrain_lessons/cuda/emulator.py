@@ -15,9 +15,11 @@ How a kernel runs
 3. ctypes loads it; each call checks the arguments against the parameter types exported by the
    library, then launches: blocks are spread over a few OS threads (one per core,
    $XTRAIN_EMULATOR_WORKERS); inside a block every CUDA thread is a fiber — a user-space
-   stack — and the scheduler switches fibers at `__syncthreads()` and at warp operations
-   (a hand-written x86-64 stack switch; swapcontext elsewhere). Kernels with no barrier and no
-   warp operation in their source take a fast path: a block's threads are plain calls in a loop.
+   stack. A fiber runs until it reaches `__syncthreads()` or a warp operation, then hands over
+   directly to the next runnable fiber (a hand-written x86-64 stack switch; swapcontext
+   elsewhere); the last one returns to the scheduler, which completes the barrier. Kernels with
+   no barrier and no warp operation in their source take a fast path: a block's threads are
+   plain calls in a loop.
 
 $XTRAIN_EMULATOR_MODE picks how the threads of a block run: `fibers` (default), `ucontext`
 (the same fibers switched with POSIX swapcontext: portable, ~6x slower) or `threads` (one
@@ -36,6 +38,25 @@ Checks the emulator makes
 * Arguments are checked: a float64 array for a `float*`, an np.float64 for a `float`, a
   non-contiguous or read-only array, or a Python int/float (CuPy would pass them as 64-bit
   values) raise `TypeError`/`ValueError` naming the parameter.
+* `__trap()` raises `KernelError` with the block, thread and line.
+
+The sanitizer (`sanitize=True`, $XTRAIN_SANITIZE=1)
+---------------------------------------------------
+Compiled with -DXT_SANITIZE, run with one worker and fibers (one thread at a time):
+* Global memory: each array argument is copied into a mapping whose data ends where 64 KB of
+  inaccessible guard pages begin (copied back afterwards). The first access past the end
+  faults; a SIGSEGV handler, installed only during the launch, names the parameter, index,
+  size, block and thread, and tells a read from a write (the page-fault error code). Not seen:
+  a small negative index (it lands in the data's own page), an index past the guard pages,
+  out-of-row accesses that stay inside the array.
+* Shared memory: the `__shared__` declarations become checked views (xtrain_sanitizer.h):
+  every index is bounds-checked per dimension, and every read and write of a number goes
+  through a shadow that records, per byte, the block that last wrote it and the threads that
+  last wrote and read it with their barrier epoch. A read of a byte this block never wrote,
+  or two threads (one writing) on one byte between the same two barriers, is reported; lanes
+  of a warp that met at a warp operation in between do not race. Accesses through a plain
+  pointer into shared memory (`float* p = tile[0];`, `&s[i]` for atomics) are not checked.
+* Cost: see scripts/bench_emulator.py (several times slower on barrier-heavy kernels).
 
 Where the emulator differs from a GPU (fidelity limits)
 -------------------------------------------------------
@@ -49,15 +70,19 @@ Where the emulator differs from a GPU (fidelity limits)
 * Warp masks are ignored: a warp operation waits for every live lane of the warp.
 * Threads that have returned count as arrived at every later `__syncthreads()` (early return
   does not deadlock). In CUDA a barrier not reached by every thread is undefined behaviour.
-* No bounds checks: an out-of-range index reads or writes host memory (it may crash Python).
+* No bounds checks outside sanitizer mode: an out-of-range index reads or writes host memory
+  (it may crash Python).
   A fiber has a 124 KB stack (a GPU thread has 1 KB by default); deep recursion or big local
   arrays overflow it (a crash). Dynamic shared memory is not limited to 48 KB.
   A thread stuck in an endless loop hangs the launch, as on a GPU (Ctrl-C cannot stop it).
-* `__constant__` and `__device__` variables are ordinary globals, not settable from Python.
+* `__constant__` and `__device__` variables are ordinary globals of the library, set from
+  Python through `Module.get_global` / `set_global`; `__constant__` is not read-only here.
   A kernel's `printf` output is copied to Python's sys.stdout when the launch ends (so that
   Jupyter shows it); lines from different blocks come in any order, as on a GPU.
-* Kernels must be non-template `__global__ void` functions, ideally `extern "C"` as
-  `cupy.RawKernel` requires. `__shared__` at file scope is not supported.
+* Kernels are `__global__ void` functions, `extern "C"` as `cupy.RawKernel` requires, or
+  templates launched by name expression through `Module`. `__shared__` at file scope is not
+  supported. Cooperative groups: the thread block and tiles of up to 32 threads
+  (include/cooperative_groups.h); no grid-wide groups.
 """
 
 from __future__ import annotations
@@ -526,6 +551,9 @@ def _local_includes(source: str, filename: str) -> str:
     return "".join(p.read_text() for p in found if p.is_file())
 
 
+_guarded_lock = threading.Lock()
+
+
 def sanitize_default() -> bool:
     """$XTRAIN_SANITIZE=1 turns the sanitizer on for every kernel compiled afterwards."""
     return os.environ.get("XTRAIN_SANITIZE", "0").strip().lower() in ("1", "true", "yes", "on")
@@ -639,6 +667,10 @@ class CpuKernel:
 
     def _run_guarded(self, run, args, slots: np.ndarray) -> int:
         """Sanitizer mode: run with every array copied into a region that ends at guard pages."""
+        with _guarded_lock:  # the runtime keeps one set of regions: one sanitized launch at a time
+            return self._run_guarded_locked(run, args, slots)
+
+    def _run_guarded_locked(self, run, args, slots: np.ndarray) -> int:
         rt = load_library(runtime_library())
         rt.xt_san_region.restype = ctypes.c_void_p
         rt.xt_san_region.argtypes = [ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_char_p, ctypes.c_char_p]
