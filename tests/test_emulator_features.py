@@ -180,3 +180,34 @@ def test_user_lerp_and_max_do_not_clash(mod):
     mod.get_function("cache_hints")((1,), (32,), (x4.ravel(), x4, np.zeros(8, np.float32), y4, np.int32(0),
                                                    np.int32(2)))
     np.testing.assert_array_equal(y4[:, 3], x4[:, 3])
+
+
+def _gpu() -> bool:
+    from xtrain_lessons.device import gpu_available
+    return gpu_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs CuPy and an NVIDIA GPU")
+def test_module_gives_the_same_results_on_a_gpu():
+    """Template kernels by name expression, __constant__ memory and cooperative groups through
+    cupy.RawModule agree with the emulator."""
+    import cupy as cp
+    gpu, cpu = (Module(SRC, name_expressions=TEMPLATES, backend=b) for b in ("gpu", "cpu"))
+    x = np.random.default_rng(6).standard_normal(1000).astype(np.float32)
+    out_cpu, out_gpu = np.zeros(8, np.float32), cp.zeros(8, cp.float32)
+    cpu.get_function(TEMPLATES[0])((8,), (128,), (x, out_cpu, np.int32(1000)))
+    gpu.get_function(TEMPLATES[0])((8,), (128,), (cp.asarray(x), out_gpu, np.int32(1000)))
+    np.testing.assert_allclose(cp.asnumpy(out_gpu), out_cpu, rtol=1e-5, atol=1e-5)
+    p = np.array([0.5, -1.0, 0.25, 2.0], np.float32)
+    for m in (cpu, gpu):
+        m.set_global("poly", p)
+    y_cpu, y_gpu = np.zeros(1000, np.float32), cp.zeros(1000, cp.float32)
+    cpu.get_function("horner")((4,), (256,), (x, y_cpu, np.int32(1000)))
+    gpu.get_function("horner")((4,), (256,), (cp.asarray(x), y_gpu, np.int32(1000)))
+    np.testing.assert_allclose(cp.asnumpy(y_gpu), y_cpu, rtol=1e-5, atol=1e-5)
+    v = np.random.default_rng(7).integers(-20, 100, 150).astype(np.int32)
+    o_cpu, o_gpu = np.zeros(9 * 192, np.int32), cp.zeros(9 * 192, cp.int32)
+    cpu.get_function("cg_tiles")((3,), (64,), (v, o_cpu, np.int32(150)))
+    gpu.get_function("cg_tiles")((3,), (64,), (cp.asarray(v), o_gpu, np.int32(150)))
+    np.testing.assert_array_equal(cp.asnumpy(o_gpu), o_cpu)

@@ -181,3 +181,42 @@ def test_real_world_kernels_are_clean():
     y = np.zeros(1000, np.float32)
     mod.get_function("horner")((4,), (256,), (x, y, np.int32(1000)))
     np.testing.assert_allclose(y, 1 + x * (2 + x * (3 + 4 * x)), rtol=1e-5, atol=1e-5)
+
+
+WARP_SUM = r'''
+extern "C" __global__ void warp_tail_sum(const float* x, float* out, int n) {
+    __shared__ float s[64];
+    int t = threadIdx.x, i = blockIdx.x * 64 + t;
+    s[t] = i < n ? x[i] : 0.0f;
+    __syncthreads();
+    if (t < 32) s[t] += s[t + 32];
+    __syncthreads();
+    if (t < 32) {
+        for (int off = 16; off > 0; off >>= 1) {
+            float other = t + off < 32 ? s[t + off] : 0.0f;
+            SYNC_WARP;
+            s[t] += other;
+            SYNC_WARP;
+        }
+    }
+    if (t == 0) out[blockIdx.x] = s[0];
+}
+'''
+
+
+@pytest.mark.parametrize("sync, race", [("__syncwarp()", False), ("(void)0", True)])
+def test_lanes_that_meet_at_syncwarp_do_not_race(sync, race):
+    """A warp's lanes may share memory across __syncwarp() without a block barrier; without it,
+    lane 0 runs its whole loop first (the emulator runs a warp's lanes one after another), so
+    lane 1 then writes s[1], which lane 0 has read."""
+    k = Kernel(WARP_SUM, "warp_tail_sum", options=(f"-DSYNC_WARP={sync}",), backend="cpu", sanitize=True)
+    x = np.random.default_rng(3).standard_normal(200).astype(np.float32)
+    out = np.zeros(4, np.float32)
+    if race:
+        with pytest.raises(KernelError, match=r"race on s\[1\].*thread \(0,0,0\) read it and thread \(1,0,0\) now writes it.*a __syncwarp\(\) is enough"):
+            k((4,), (64,), (x, out, np.int32(200)))
+        return
+    k((4,), (64,), (x, out, np.int32(200)))
+    padded = np.zeros(256, np.float32)
+    padded[:200] = x
+    np.testing.assert_allclose(out, padded.reshape(4, 64).sum(axis=1), rtol=1e-5, atol=1e-5)

@@ -105,7 +105,9 @@ static std::string since_barrier(Worker* w) {
 static void race(Worker* w, const std::string& elem, int other, const char* other_did, const char* we_do) {
     fail("shared-memory race on " + elem + " in " + block_name(w) + ": " + thread_name(w, other) + " " +
          other_did + " it and " + thread_name(w, t_index) + " now " + we_do + " it, " + since_barrier(w) +
-         "; add a __syncthreads() between the two accesses");
+         (other / 32 == t_index / 32 ? "; add a __syncthreads() between the two accesses (a __syncwarp() is enough if only "
+                                       "the lanes of one warp share the element)"
+                                     : "; add a __syncthreads() between the two accesses"));
 }
 
 }  // namespace xt
