@@ -26,6 +26,7 @@ def _nvrtc():
         from cupy._core import core
         from cupy_backends.cuda.libs import nvrtc
         nvrtc.getVersion()
+        core.assemble_cupy_compiler_options  # how RawKernel builds its options (CuPy >= 13)
         return core, nvrtc
     except Exception as e:  # not installed, or no libnvrtc: the reason goes into the skip
         pytest.skip(f"CuPy's NVRTC is not usable here ({type(e).__name__}: {e}); "
