@@ -224,16 +224,20 @@ def rewrite_shared(src: str, sanitize: bool = False) -> str:
         if m.group("ext"):
             ptr = f"reinterpret_cast<{volatile}{typ}*>(xt_dynamic_shared())"
             if sanitize:
-                return f'xt::sdyn<{volatile}{typ}> {name}{{{ptr}, "{name}"}};'
+                info = f'static constexpr xt_sinfo xt_info_{name}{{"{name}", sizeof({typ}), 1, {{-1, 0, 0, 0}}}}; '
+                return info + f"xt::sdyn<{volatile}{typ}> {name}{{{ptr}, &xt_info_{name}}};"
             return f"{volatile}{typ}* const {name} = {ptr};"
         t = f"xt_shared_t_{name}"
         decl = (f"using {t} = {volatile}{typ}{dims}; "
                 f"static const xt_site_t xt_site_{name} = xt::new_site(sizeof({t}), alignof({t})); ")
         ref = f"*reinterpret_cast<{t}*>(xt_shared_site(&xt_site_{name}))"
-        if sanitize and dims:
-            return decl + f'xt::sview<{t}> {name}{{{ref}, "{name}", {{}}}};'
         if sanitize:
-            return decl + f'decltype(auto) {name} = xt::sscalar(&{ref}, "{name}");'
+            decl += f'static constexpr xt_sinfo xt_info_{name} = xt::sinfo<{t}>("{name}"); '
+        if sanitize and dims:
+            return decl + f"{t}& xt_ref_{name} = {ref}; " \
+                          f"xt::sview<{t}> {name}{{xt_ref_{name}, &xt_ref_{name}, &xt_info_{name}}};"
+        if sanitize:
+            return decl + f"decltype(auto) {name} = xt::sscalar(&{ref}, &xt_info_{name});"
         return decl + f"{t}& {name} = {ref};"
     return _SHARED_RE.sub(repl, src)
 

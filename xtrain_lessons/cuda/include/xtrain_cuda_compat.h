@@ -251,6 +251,9 @@ struct xt_launch_t {
     int mode, workers, fast;
 };
 struct xt_site_t { unsigned long long offset, size; int id; };  // one static __shared__ declaration
+// Sanitizer mode: a __shared__ declaration's name, element size and extents (ext[0] < 0: the
+// dynamic array, whose extent is the launch's shared_mem).
+struct xt_sinfo { const char* name; unsigned elem; int nd; long long ext[4]; };
 extern "C" {
 extern __thread xt_tls_t xt_tls;
 void xt_syncthreads(int line);

@@ -90,9 +90,21 @@ static Shadow* shadow_of(Worker* w, const char* a) {
     return nullptr;
 }
 
-static std::string element(const char* name, const long long* idx, int nidx) {
-    std::string s = name;
-    for (int k = 0; k < nidx; k++) s += "[" + std::to_string(idx[k]) + "]";
+// The extent of dimension d of a declaration (the dynamic array's comes from the launch).
+static long long extent(const xt_sinfo* info, int d) {
+    return info->ext[0] < 0 ? (long long)(t_w->L->shmem / info->elem) : info->ext[d];
+}
+
+// "name[i][j]" for the first `depth` indices of the element (or sub-array) at `addr`.
+static std::string element(const void* base, const xt_sinfo* info, const void* addr, int depth) {
+    long long flat = ((const char*)addr - (const char*)base) / (long long)info->elem;
+    long long inner = 1;
+    for (int d = depth; d < info->nd; d++) inner *= extent(info, d);
+    flat /= inner;
+    std::vector<long long> idx(depth);
+    for (int d = depth - 1; d >= 0; d--) { long long e = extent(info, d); idx[d] = flat % e; flat /= e; }
+    std::string s = info->name;
+    for (long long i : idx) s += "[" + std::to_string(i) + "]";
     return s;
 }
 
@@ -112,8 +124,7 @@ static void race(Worker* w, const std::string& elem, int other, const char* othe
 
 }  // namespace xt
 
-XT_EXPORT void xt_san_shared(const void* addr, unsigned size, int write, const char* name, const long long* idx,
-                             int nidx) {
+XT_EXPORT void xt_san_shared(const void* addr, unsigned size, int write, const void* base, const xt_sinfo* info) {
     using namespace xt;
     Worker* w = t_w;
     if (!w || !w->L->sanitize) return;
@@ -126,19 +137,20 @@ XT_EXPORT void xt_san_shared(const void* addr, unsigned size, int write, const c
     auto conflict = [&](int o, uint32_t owe) { return o >= 0 && o != t && !(o / 32 == t / 32 && owe != we); };
     if (write) {
         if (s->wphase == phase && conflict(s->wt, s->wwe))
-            race(w, element(name, idx, nidx), s->wt, "wrote", "writes");
+            race(w, element(base, info, addr, info->nd), s->wt, "wrote", "writes");
         if (s->rphase == phase)
             for (int k = 0; k < 2; k++)
-                if (conflict(s->rt[k], s->rwe[k])) race(w, element(name, idx, nidx), s->rt[k], "read", "writes");
+                if (conflict(s->rt[k], s->rwe[k]))
+                    race(w, element(base, info, addr, info->nd), s->rt[k], "read", "writes");
         s->wphase = phase, s->wt = (int16_t)t, s->wwe = we, s->init = w->gen;
         return;
     }
     if (s->init != w->gen)
-        fail("read of shared memory never written: " + element(name, idx, nidx) + " " + where(w) +
+        fail("read of shared memory never written: " + element(base, info, addr, info->nd) + " " + where(w) +
              " (no thread of this block has written it yet: a __syncthreads() missing between the writes and "
              "this read, or an element nobody initialises; on a GPU it holds what an earlier block left)");
     if (s->wphase == phase && conflict(s->wt, s->wwe))
-        race(w, element(name, idx, nidx), s->wt, "wrote", "reads");
+        race(w, element(base, info, addr, info->nd), s->wt, "wrote", "reads");
     if (s->rphase != phase) {
         s->rphase = phase, s->rt[0] = (int16_t)t, s->rwe[0] = we, s->rt[1] = -1;
     } else if (s->rt[0] != t && s->rt[1] < 0) {
@@ -146,10 +158,10 @@ XT_EXPORT void xt_san_shared(const void* addr, unsigned size, int write, const c
     }
 }
 
-XT_EXPORT void xt_san_shared_oob(const char* name, const long long* idx, int nidx, long long extent) {
+XT_EXPORT void xt_san_shared_oob(const void* base, const xt_sinfo* info, const void* sub, int depth, long long i) {
     using namespace xt;
-    fail("out-of-bounds shared-memory access: " + element(name, idx, nidx) + " (that dimension has " +
-         std::to_string(extent) + " elements) " + where(t_w));
+    fail("out-of-bounds shared-memory access: " + element(base, info, sub, depth) + "[" + std::to_string(i) +
+         "] (that dimension has " + std::to_string(extent(info, depth)) + " elements) " + where(t_w));
 }
 
 // A plain pointer to shared memory escapes the checks: count what it covers as written, so that
