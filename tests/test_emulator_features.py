@@ -172,6 +172,25 @@ def test_half_and_bfloat16_pairs(mod):
         np.testing.assert_array_equal(out[k * n:(k + 1) * n], np.asarray(e).astype(np.float32), err_msg=f"row {k}")
 
 
+def test_half_conversions_match_numpy_bit_for_bit(mod):
+    """All 65536 half patterns to float; floats to half at ties, subnormals, the overflow edge."""
+    bits = np.arange(65536, dtype=np.uint16)
+    rng = np.random.default_rng(8)
+    special = np.array([65504, 65519.99, 65520, 1e9, 2.0**-24, 2.0**-25, 1.5 * 2.0**-25, 2.0**-14, 0.0, -0.0,
+                        np.inf, -np.inf, 1 + 2.0**-11, 1 + 3 * 2.0**-11, 2049, 2051], np.float32)
+    x = np.concatenate([special, rng.standard_normal(30000).astype(np.float32) * 10.0 ** rng.integers(-9, 6, 30000),
+                        bits.view(np.float16).astype(np.float32)[np.isfinite(bits.view(np.float16))]])
+    x = np.resize(x, 65536).astype(np.float32)
+    to_half, to_float = np.zeros(65536, np.uint16), np.zeros(65536, np.float32)
+    mod.get_function("half_convert")(blocks(65536, 256), (256,), (x, to_half, bits, to_float, np.int32(65536)))
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(to_half, x.astype(np.float16).view(np.uint16))
+    ref = bits.view(np.float16).astype(np.float32)
+    nan = np.isnan(ref)
+    np.testing.assert_array_equal(to_float[~nan].view(np.uint32), ref[~nan].view(np.uint32))
+    assert np.isnan(to_float[nan]).all()
+
+
 def test_user_lerp_and_max_do_not_clash(mod):
     """real_world.cu defines lerp and a 3-argument max (it compiled for the fixture); lerp is the
     user's: lerp(a, b, 0.5) of a float4's w component."""

@@ -136,3 +136,12 @@ extern "C" __global__ void half_ops(const float* __restrict__ a, const float* __
     out[6 * n + i] = __high2float(b2) - g2.y;
     out[7 * n + i] = __bfloat162float(__float2bfloat16(a[i]) / __float2bfloat16(b[i]));
 }
+
+// Every half bit pattern to float, and floats to half (round to nearest even).
+extern "C" __global__ void half_convert(const float* __restrict__ x, unsigned short* __restrict__ to_half,
+                                       const unsigned short* __restrict__ bits, float* __restrict__ to_float, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    to_half[i] = __half_as_ushort(__float2half_rn(x[i]));
+    to_float[i] = __half2float(__ushort_as_half(bits[i]));
+}

@@ -4,16 +4,43 @@
 // 16-bit type: float has 24 bits of precision, at least 2p + 2 for both half (p = 11) and
 // bfloat16 (p = 8), so rounding twice (to float, then to 16 bits) gives the correctly rounded
 // result of +, -, *, / — what the GPU's half instructions compute. Conversions from float
-// round to nearest even (half through g++'s _Float16).
+// round to nearest even, in integer arithmetic (g++ before 12 has no _Float16 on x86-64).
 #pragma once
+
+namespace xt {
+inline unsigned short float_to_half_bits(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+    if (a > 0x7f800000u) return 0x7fff;                  // NaN: CUDA's canonical NaN
+    if (a >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);  // >= 65520 rounds to infinity
+    if (a < 0x38800000u) {                               // below 2^-14: a subnormal half
+        float v;
+        std::memcpy(&v, &a, 4);
+        return (unsigned short)(sign | (uint32_t)nearbyintf(v * 16777216.0f));  // units of 2^-24, exact scaling
+    }
+    uint32_t h = ((((a >> 23) - 112u) << 10) | ((a & 0x7fffffu) >> 13));   // rebias 127 -> 15
+    const uint32_t rest = a & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;   // to nearest even; a carry is right
+    return (unsigned short)(sign | h);
+}
+inline float half_bits_to_float(unsigned short h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) { float v = (float)m * 5.9604644775390625e-8f; return sign ? -v : v; }  // m * 2^-24
+    uint32_t x = sign | (e == 31 ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13));
+    float f;
+    std::memcpy(&f, &x, 4);
+    return f;
+}
+}  // namespace xt
 
 struct __half {
     unsigned short __x;
     __half() = default;
-    __half(float f) { _Float16 h = (_Float16)f; std::memcpy(&__x, &h, 2); }
-    __half(double d) { _Float16 h = (_Float16)d; std::memcpy(&__x, &h, 2); }
-    __half(int i) : __half((float)i) {}
-    operator float() const { _Float16 h; std::memcpy(&h, &__x, 2); return (float)h; }
+    __half(float f) : __x(xt::float_to_half_bits(f)) {}
+    __half(double d) : __x(xt::float_to_half_bits((float)d)) {}
+    __half(int i) : __x(xt::float_to_half_bits((float)i)) {}
+    operator float() const { return xt::half_bits_to_float(__x); }
 };
 typedef __half half;
 struct __attribute__((aligned(4))) __half2 { __half x, y; };
