@@ -220,3 +220,14 @@ def test_lanes_that_meet_at_syncwarp_do_not_race(sync, race):
     padded = np.zeros(256, np.float32)
     padded[:200] = x
     np.testing.assert_allclose(out, padded.reshape(4, 64).sum(axis=1), rtol=1e-5, atol=1e-5)
+
+
+def test_an_array_passed_twice_is_one_array():
+    """In place (x passed as both input and output): the sanitized copies alias like the memory."""
+    src = r'''extern "C" __global__ void axpy_into(const float* x, float* y, int n) {
+        int i = blockIdx.x * blockDim.x + threadIdx.x;
+        if (i < n) y[i] = 2.0f * x[i] + y[i];
+    }'''
+    x = np.arange(300, dtype=np.float32)
+    Kernel(src, "axpy_into", backend="cpu", sanitize=True)((3,), (128,), (x, x, np.int32(300)))
+    np.testing.assert_array_equal(x, 3 * np.arange(300, dtype=np.float32))

@@ -46,7 +46,8 @@ Compiled with -DXT_SANITIZE, run with one worker and fibers (one thread at a tim
 * Global memory: each array argument is copied into a mapping whose data ends where 64 KB of
   inaccessible guard pages begin (copied back afterwards). The first access past the end
   faults; a SIGSEGV handler, installed only during the launch, names the parameter, index,
-  size, block and thread, and tells a read from a write (the page-fault error code). Not seen:
+  size, block and thread, and tells a read from a write (the page-fault error code). An array
+  passed twice shares one copy; arrays that partly overlap are passed unchecked. Not seen:
   a small negative index (it lands in the data's own page), an index past the guard pages,
   out-of-row accesses that stay inside the array.
 * Shared memory: the `__shared__` declarations become checked views (xtrain_sanitizer.h):
@@ -678,22 +679,28 @@ class CpuKernel:
         rt = load_library(runtime_library())
         rt.xt_san_region.restype = ctypes.c_void_p
         rt.xt_san_region.argtypes = [ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_char_p, ctypes.c_char_p]
-        copies = []
+        arrays = [(p, a) for p, a in zip(self.params, args) if p.pointer]
+        spans = [(a.ctypes.data, a.ctypes.data + a.nbytes) for _, a in arrays]
+        copies: dict = {}  # span -> (array, copy): an array passed twice shares one copy, as it shares memory
         try:
-            for p, a in zip(self.params, args):
-                if not p.pointer:
+            for (p, a), span in zip(arrays, spans):
+                if span in copies:
+                    slots[p.index] = copies[span][1]
                     continue
+                if any(s != span and s[0] < span[1] and span[0] < s[1] for s in spans):
+                    continue  # partly overlaps another argument: passed as it is, unchecked
                 name = self.param_names[p.index] if p.index < len(self.param_names) else f"arg{p.index}"
                 buf = rt.xt_san_region(a.nbytes, a.itemsize, name.encode(), p.c_decl.encode())
                 if not buf:
                     raise MemoryError(f"sanitizer: could not map a guarded copy of {name}")
                 ctypes.memmove(buf, a.ctypes.data, a.nbytes)
                 slots[p.index] = buf
-                copies.append((p, a, buf))
+                copies[span] = (a, buf)
             return run()
         finally:
-            for p, a, buf in copies:
-                if not p.const:
+            written = {span for (p, _), span in zip(arrays, spans) if not p.const}
+            for span, (a, buf) in copies.items():
+                if span in written:
                     ctypes.memmove(a.ctypes.data, buf, a.nbytes)
             rt.xt_san_release()
 
