@@ -66,7 +66,8 @@ def test_without_sanitizer_the_bugs_pass_silently():
 
 
 def test_shared_out_of_bounds():
-    with pytest.raises(KernelError, match=r"out-of-bounds shared-memory access: s\[64\].*64 elements.*thread \(64,0,0\)"):
+    expected = r"out-of-bounds shared-memory access: s\[64\].*64 elements.*thread \(64,0,0\)"
+    with pytest.raises(KernelError, match=expected):
         run("shared_oob", block=65)
 
 
@@ -213,7 +214,8 @@ def test_lanes_that_meet_at_syncwarp_do_not_race(sync, race):
     x = np.random.default_rng(3).standard_normal(200).astype(np.float32)
     out = np.zeros(4, np.float32)
     if race:
-        with pytest.raises(KernelError, match=r"race on s\[1\].*thread \(0,0,0\) read it and thread \(1,0,0\) now writes it.*a __syncwarp\(\) is enough"):
+        expected = r"race on s\[1\].*thread \(0,0,0\) read it and thread \(1,0,0\) now writes it.*__syncwarp\(\) is enough"
+        with pytest.raises(KernelError, match=expected):
             k((4,), (64,), (x, out, np.int32(200)))
         return
     k((4,), (64,), (x, out, np.int32(200)))

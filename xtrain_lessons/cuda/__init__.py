@@ -81,7 +81,8 @@ import numpy as np
 
 from xtrain_lessons.cuda.emulator import CompileError, CpuKernel, CpuModule, KernelError, sanitize_default
 
-__all__ = ["Kernel", "Module", "RawModule", "KernelError", "CompileError", "load_kernel", "selftest", "KERNELS_DIR", "SANITIZER_HINT"]
+__all__ = ["Kernel", "Module", "RawModule", "KernelError", "CompileError", "load_kernel", "selftest", "KERNELS_DIR",
+           "SANITIZER_HINT"]
 
 # What a check says when a kernel's output is NaN or wrong.
 SANITIZER_HINT = ("to find where, run the kernel again with Kernel(..., sanitize=True) (or XTRAIN_SANITIZE=1): "

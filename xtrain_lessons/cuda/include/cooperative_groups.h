@@ -42,10 +42,18 @@ template <unsigned N> class thread_block_tile {
     static constexpr unsigned num_threads() { return N; }
     unsigned meta_group_rank() const { return block_rank() / N; }
     unsigned meta_group_size() const { return (this_thread_block().size() + N - 1) / N; }
-    template <class T> T shfl(T v, int src, int line = __builtin_LINE()) const { return xt::shfl(line, XT_SHFL, v, src, N); }
-    template <class T> T shfl_up(T v, unsigned d, int line = __builtin_LINE()) const { return xt::shfl(line, XT_SHFL_UP, v, d, N); }
-    template <class T> T shfl_down(T v, unsigned d, int line = __builtin_LINE()) const { return xt::shfl(line, XT_SHFL_DOWN, v, d, N); }
-    template <class T> T shfl_xor(T v, unsigned m, int line = __builtin_LINE()) const { return xt::shfl(line, XT_SHFL_XOR, v, m, N); }
+    template <class T> T shfl(T v, int src, int line = __builtin_LINE()) const {
+        return xt::shfl(line, XT_SHFL, v, src, N);
+    }
+    template <class T> T shfl_up(T v, unsigned d, int line = __builtin_LINE()) const {
+        return xt::shfl(line, XT_SHFL_UP, v, d, N);
+    }
+    template <class T> T shfl_down(T v, unsigned d, int line = __builtin_LINE()) const {
+        return xt::shfl(line, XT_SHFL_DOWN, v, d, N);
+    }
+    template <class T> T shfl_xor(T v, unsigned m, int line = __builtin_LINE()) const {
+        return xt::shfl(line, XT_SHFL_XOR, v, m, N);
+    }
     unsigned ballot(int pred, int line = __builtin_LINE()) const {
         return tile_bits(xt_warp_op(line, XT_BALLOT, pred != 0, 0, 32));
     }
