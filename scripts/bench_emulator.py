@@ -3,7 +3,10 @@
     python scripts/bench_emulator.py             # also compares fibers, ucontext and threads
     python scripts/bench_emulator.py --quick     # skip the slow threads mode
 
-Compile times are measured in a fresh temporary cache; run times are the best of a few runs.
+Compile times are measured in a fresh temporary cache; run times are the best of a few runs
+(wall clock, or the process's CPU time with --cpu-time: steadier on a loaded machine; use it
+with XTRAIN_EMULATOR_WORKERS=1). The load average is printed with the table: compare numbers
+only between runs on an idle machine, or alternate the versions you compare within one run.
 """
 
 from __future__ import annotations
@@ -21,19 +24,36 @@ ROOT = Path(__file__).resolve().parent.parent
 TEST_KERNELS = ROOT / "tests" / "cuda_kernels"
 
 
+CLOCK = time.perf_counter
+
+NAIVE_MATMUL = r'''
+extern "C" __global__ void matmul_naive(const float* A, const float* B, float* C, int M, int N, int K) {
+    int row = blockIdx.y * blockDim.y + threadIdx.y, col = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row < M && col < N) {
+        float acc = 0.0f;
+        for (int k = 0; k < K; k++) acc += A[row * K + k] * B[k * N + col];
+        C[row * N + col] = acc;
+    }
+}
+'''
+
+
 def best_of(fn, repeat: int = 3) -> float:
     times = []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(CLOCK() - t0)
     return min(times)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip threads mode")
+    parser.add_argument("--cpu-time", action="store_true", help="time with the process's CPU time, not the wall clock")
     args = parser.parse_args()
+    global CLOCK
+    CLOCK = time.process_time if args.cpu_time else time.perf_counter
 
     tmp = tempfile.mkdtemp(prefix="xtrain-bench-")
     os.environ["XTRAIN_CACHE_DIR"] = tmp
@@ -52,6 +72,10 @@ def main() -> None:
         mm = Kernel(TEST_KERNELS / "matmul_tiled.cu", "matmul_tiled", backend="cpu")
         rows.append(("first compile: matmul_tiled.cu", "-", time.perf_counter() - t0))
         sm = Kernel(TEST_KERNELS / "softmax_warp.cu", "softmax_rows", backend="cpu")
+        naive = Kernel(NAIVE_MATMUL, "matmul_naive", backend="cpu")
+        red = Kernel(TEST_KERNELS / "shared_memory.cu", "block_sum", backend="cpu")
+        mm_san = Kernel(TEST_KERNELS / "matmul_tiled.cu", "matmul_tiled", backend="cpu", sanitize=True)
+        red_san = Kernel(TEST_KERNELS / "shared_memory.cu", "block_sum", backend="cpu", sanitize=True)
         emulator._libs.clear()  # forget the loaded libraries: measure hash + cache lookup + dlopen
         t0 = time.perf_counter()
         Kernel(TEST_KERNELS / "matmul_tiled.cu", "matmul_tiled", backend="cpu")
@@ -71,8 +95,18 @@ def main() -> None:
         os.environ["XTRAIN_EMULATOR_MODE"] = "fibers"
         rows.append(("vector_add 2^20 (fast path: no barriers)", "fibers", best_of(
             lambda: add(((n + 255) // 256,), (256,), (a, b, c, np.int32(n))))))
-        rows.append(("tiled matmul 256^3, 16x16 tiles", "fibers", best_of(
-            lambda: mm((N // 16, M // 16), (16, 16), (A, B, C, np.int32(M), np.int32(N), np.int32(K))))))
+        mm_args = (A, B, C, np.int32(M), np.int32(N), np.int32(K))
+        sums = np.empty(n // 256, np.float32)
+        t_tiled = best_of(lambda: mm((N // 16, M // 16), (16, 16), mm_args))
+        rows.append(("tiled matmul 256^3, 16x16 tiles (2 barriers a tile)", "fibers", t_tiled))
+        rows.append(("naive matmul 256^3 (fast path: no barriers)", "fibers", best_of(
+            lambda: naive((N // 16, M // 16), (16, 16), mm_args))))
+        t_red = best_of(lambda: red((n // 256,), (256,), (a, sums, np.int32(n))))
+        rows.append(("shared-memory block sum 2^20, block 256 (9 barriers)", "fibers", t_red))
+        t = best_of(lambda: mm_san((N // 16, M // 16), (16, 16), mm_args))
+        rows.append((f"  the tiled matmul, sanitized ({t / t_tiled:.1f}x)", "fibers", t))
+        t = best_of(lambda: red_san((n // 256,), (256,), (a, sums, np.int32(n))))
+        rows.append((f"  the block sum, sanitized ({t / t_red:.1f}x)", "fibers", t))
         rows.append(("softmax 512x1024, block 256, warp shuffles", "fibers", best_of(
             lambda: sm((R,), (256,), (X, Y, np.int32(R), np.int32(L))))))
 
@@ -102,7 +136,9 @@ def main() -> None:
     print("-" * (width + 22))
     for what, mode, t in rows:
         print(f"{what:<{width}}  {mode:<8}  {t * 1e3:>8.1f} ms")
-    print(f"\n{os.cpu_count()} cores; emulator workers: {emulator.emulator_workers()}")
+    print(f"\n{os.cpu_count()} cores; emulator workers: {emulator.emulator_workers()} "
+          f"(sanitized kernels: 1); clock: {'CPU time' if args.cpu_time else 'wall'}; "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

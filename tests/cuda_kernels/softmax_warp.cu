@@ -3,6 +3,11 @@
 // memory (at most 32 warps per block).
 #include <cuda_bf16.h>
 
+// NVRTC (CuPy's compiler), unlike nvcc, does not include math.h, where INFINITY lives.
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
 __device__ __forceinline__ float warp_max(float v) {
     for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
     return v;

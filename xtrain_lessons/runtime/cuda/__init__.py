@@ -20,11 +20,12 @@ from a GPU).
 
 Public API
 ----------
-Kernel(source, name, options=(), backend="auto")
+Kernel(source, name, options=(), backend="auto", sanitize=None)
     `source`: CUDA C text or a path to a `.cu` file; `name`: the `extern "C" __global__`
-    function. `backend`: "gpu" (CuPy), "cpu" (emulator) or "auto" (gpu when
-    `xtrain_lessons.runtime.device.get_device() == "cuda"`). `options` go to NVRTC; on the CPU only
-    -D/-U/-I options are passed on to g++.
+    function, or a template's name expression ("block_sum<float, 128>"). `backend`: "gpu"
+    (CuPy), "cpu" (emulator) or "auto" (gpu when `xtrain_lessons.runtime.device.get_device() ==
+    "cuda"`). `options` go to NVRTC; on the CPU only -D/-U/-I options are passed on to g++.
+    `sanitize` (CPU; default $XTRAIN_SANITIZE): check every access, see below.
 kernel(grid, block, args, shared_mem=0)
     The `cupy.RawKernel` calling convention. grid and block are ints or tuples of up to 3 ints;
     args a tuple of arrays (C-contiguous; NumPy on the CPU, where the kernel writes into them in
@@ -33,9 +34,14 @@ kernel(grid, block, args, shared_mem=0)
     64-bit value, which a GPU kernel silently misreads. shared_mem is the bytes of
     `extern __shared__` memory per block.
 kernel.signature (CPU) — the parameter list, e.g. "const float*, float*, float, int".
+Module(code, options=(), name_expressions=(), backend="auto", sanitize=None), alias RawModule —
+    `cupy.RawModule`'s API: get_function(name or name expression) -> Kernel; get_global(name)
+    (a `__constant__`/`__device__` variable's memory, with copy_from_host / copy_to_host);
+    set_global(name, numpy_array).
 load_kernel("vector_add.cu", "vector_add") — a kernel of the package (xtrain_lessons/runtime/kernels/),
     compiled once per process and backend.
-KernelError — a run-time failure: deadlock, barrier divergence. CompileError(KernelError) —
+KernelError — a run-time failure: deadlock, barrier divergence, __trap(), a sanitizer report.
+    CompileError(KernelError) —
     the compiler's message, with the line numbers of the .cu file.
 selftest() -> (ok, message) — compile and run vector add; used by `xtrain doctor`.
 
@@ -43,16 +49,26 @@ What the CPU emulator checks (and a GPU would not tell you): shared memory start
 (0xFF bytes) in every block, so a read before a write shows; a `__syncthreads()` that not
 every thread reaches, or that threads reach at different lines, raises KernelError naming the
 threads and the lines, instead of hanging; arguments must match the parameter types. Threads
-that return early count as arrived at later barriers. What it cannot see (races, warp lockstep,
-out-of-bounds indices) is listed in `xtrain_lessons.runtime.cuda.emulator`'s docstring.
+that return early count as arrived at later barriers. What it cannot see (warp lockstep, most
+races) is listed in `xtrain_lessons.runtime.cuda.emulator`'s docstring.
+
+The sanitizer (`sanitize=True` or XTRAIN_SANITIZE=1; CPU only, on a GPU use NVIDIA's
+compute-sanitizer) stops the kernel at the first out-of-bounds read or write of an array
+argument or of shared memory, read of shared memory no thread has written, or shared-memory
+race (two threads, one writing, touch an element between the same two barriers), with a
+KernelError naming the kernel, block, thread, array (parameter) name, index and size. It runs
+the blocks one at a time, so the report is the first bug in block order. SANITIZER_HINT is the
+line a check prints on a kernel's wrong output.
 
 Writing a kernel that runs on both: declare it `extern "C" __global__ void name(...)` (CuPy
-finds it by that name; no templates), one `__shared__` variable per declaration, and pass
-scalars as NumPy scalars of the parameter's type.
+finds it by that name) or launch a template through Module's name expressions, one
+`__shared__` variable per declaration, and pass scalars as NumPy scalars of the parameter's
+type. NVRTC (CuPy's compiler) does not include math.h: define INFINITY yourself.
 
 Environment: XTRAIN_CACHE_DIR (compiled kernels, default ~/.cache/xtrain-lessons/kernels),
 XTRAIN_EMULATOR_MODE=fibers|ucontext|threads (how a block's threads run; fibers is fastest),
-XTRAIN_EMULATOR_WORKERS (OS threads running blocks; default: one per core), CXX (default g++).
+XTRAIN_EMULATOR_WORKERS (OS threads running blocks; default: one per core), CXX (default g++),
+XTRAIN_SANITIZE=1 (the sanitizer for every kernel compiled afterwards).
 """
 
 from __future__ import annotations
@@ -64,10 +80,23 @@ from pathlib import Path
 
 import numpy as np
 
-from xtrain_lessons.runtime.cuda.emulator import CompileError, CpuKernel, KernelError, check_launch
-from xtrain_lessons.runtime.device import get_device
+from xtrain_lessons.runtime.cuda.emulator import (
+    CompileError,
+    CpuKernel,
+    CpuModule,
+    KernelError,
+    check_launch,
+    sanitize_default,
+)
+from xtrain_lessons.runtime.device import get_device, import_cupy
 
-__all__ = ["Kernel", "KernelError", "CompileError", "load_kernel", "selftest", "KERNELS_DIR"]
+__all__ = ["Kernel", "Module", "RawModule", "KernelError", "CompileError", "load_kernel", "selftest", "KERNELS_DIR",
+           "SANITIZER_HINT"]
+
+# What a check says when a kernel's output is NaN or wrong.
+SANITIZER_HINT = ("to find where, run the kernel again with Kernel(..., sanitize=True) (or XTRAIN_SANITIZE=1): "
+                  "it reports out-of-bounds accesses, reads of unwritten shared memory and races, "
+                  "with the block, thread and array")
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
 
@@ -90,19 +119,33 @@ def _resolve_backend(backend: str) -> str:
     return backend
 
 
+def gpu_options(options, filename: str | None) -> tuple[str, ...]:
+    """The NVRTC options `Kernel` gives CuPy: the user's, and the .cu file's folder for
+    `#include "helper.cuh"` (tests/test_nvrtc_compile.py compiles every kernel with these)."""
+    if filename and Path(filename).is_file():
+        return (*options, f"-I{Path(filename).resolve().parent}")
+    return tuple(options)
+
+
+def _cupy():
+    try:
+        return import_cupy()
+    except ImportError as e:
+        raise RuntimeError("backend='gpu' needs CuPy (pip install cupy-cuda12x) and an NVIDIA GPU") from e
+
+
 class GpuKernel:
     """`cupy.RawKernel` with the argument checks that need no type information."""
     backend = "gpu"
 
-    def __init__(self, source: str, name: str, options=(), filename: str | None = None):
-        try:
-            import cupy
-        except ImportError as e:
-            raise RuntimeError("backend='gpu' needs CuPy (pip install cupy-cuda12x) and an NVIDIA GPU") from e
-        self.name, self.source, self.filename = name, source, filename or f"{name}.cu"
-        if filename and Path(filename).is_file():  # for #include "helper.cuh" next to the .cu
-            options = (*options, f"-I{Path(filename).resolve().parent}")
-        self._kernel = cupy.RawKernel(source, name, options=tuple(options))
+    def __init__(self, source: str, name: str, options=(), filename: str | None = None, kernel=None):
+        self.name, self.source, self.filename = name, source, filename or f"{name.split('<')[0].strip()}.cu"
+        if kernel is None:  # a template kernel goes through a module, which knows name expressions
+            self._kernel = _cupy().RawKernel(source, name, options=gpu_options(options, filename)) \
+                if "<" not in name else _cupy().RawModule(code=source, options=gpu_options(options, filename),
+                                                         name_expressions=[name]).get_function(name)
+        else:
+            self._kernel = kernel
 
     def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
         g, b, shmem = check_launch(grid, block, shared_mem)
@@ -122,12 +165,18 @@ class GpuKernel:
 
 class Kernel:
     """A CUDA C kernel, runnable on the GPU (CuPy) or the CPU (emulator); see the module doc."""
-    def __init__(self, source: str | os.PathLike, name: str, options=(), backend: str = "auto"):
-        text, filename = _read_source(source)
-        self.backend = _resolve_backend(backend)
-        impl = GpuKernel if self.backend == "gpu" else CpuKernel
-        self._impl = impl(text, name, tuple(options), filename)
-        self.name, self.source, self.filename = name, text, self._impl.filename
+    def __init__(self, source: str | os.PathLike, name: str, options=(), backend: str = "auto",
+                 sanitize: bool | None = None, *, _impl=None):
+        if _impl is None:
+            text, filename = _read_source(source)
+            backend = _resolve_backend(backend)
+            if backend == "gpu":  # on a GPU, run the script under NVIDIA's compute-sanitizer instead
+                _impl = GpuKernel(text, name, tuple(options), filename)
+            else:
+                _impl = CpuKernel(text, name, tuple(options), filename, sanitize=sanitize)
+        self._impl, self.backend = _impl, _impl.backend
+        self.sanitize = getattr(_impl, "sanitize", False)
+        self.name, self.source, self.filename = name, _impl.source, _impl.filename
 
     def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
         self._impl(grid, block, args, shared_mem=shared_mem)
@@ -140,13 +189,53 @@ class Kernel:
         return f"Kernel({self.name!r}, file={self.filename!r}, backend={self.backend!r})"
 
 
+class Module:
+    """Several kernels, template kernels and `__constant__` memory in one source, with the API of
+    `cupy.RawModule`; `RawModule(code=..., name_expressions=[...])` is the same class.
+
+        mod = Module(code=src, name_expressions=["scale<float, 128>"])
+        k = mod.get_function("scale<float, 128>")     # a Kernel
+        mod.set_global("coeffs", np.arange(8, dtype=np.float32))   # __constant__ float coeffs[8];
+    """
+
+    def __init__(self, code: str | os.PathLike, options=(), name_expressions=(), backend: str = "auto",
+                 sanitize: bool | None = None):
+        text, filename = _read_source(code)
+        self.backend, self.source = _resolve_backend(backend), text
+        self.filename = filename or "module.cu"
+        if self.backend == "gpu":
+            self._impl = _cupy().RawModule(code=text, options=gpu_options(options, filename),
+                                           name_expressions=list(name_expressions) or None)
+        else:
+            self._impl = CpuModule(text, tuple(options), filename, sanitize, tuple(name_expressions))
+
+    def get_function(self, name: str) -> Kernel:
+        if self.backend == "gpu":
+            impl = GpuKernel(self.source, name, filename=self.filename, kernel=self._impl.get_function(name))
+        else:
+            impl = self._impl.get_function(name)
+        return Kernel(None, name, _impl=impl)
+
+    def get_global(self, name: str):
+        """The variable's device memory: a cupy MemoryPointer on a GPU, a GlobalMemory on the CPU
+        (both have .ptr, copy_from_host(ptr, nbytes), copy_to_host(ptr, nbytes))."""
+        return self._impl.get_global(name)
+
+    def set_global(self, name: str, values: np.ndarray) -> None:
+        """Copy a NumPy array's bytes into the variable (how a launcher sets __constant__ memory)."""
+        values = np.ascontiguousarray(values)
+        self.get_global(name).copy_from_host(values.ctypes.data, values.nbytes)
+
+
+RawModule = Module
+
 _loaded: dict[tuple, Kernel] = {}
 _loaded_lock = threading.Lock()
 
 
 def load_kernel(filename: str, name: str, backend: str = "auto", options=()) -> Kernel:
     """The kernel `name` of `xtrain_lessons/runtime/kernels/<filename>`, compiled once per process."""
-    key = (filename, name, _resolve_backend(backend), tuple(options))
+    key = (filename, name, _resolve_backend(backend), tuple(options), sanitize_default())
     with _loaded_lock:
         if key not in _loaded:
             _loaded[key] = Kernel(KERNELS_DIR / filename, name, options=options, backend=key[2])

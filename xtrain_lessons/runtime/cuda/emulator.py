@@ -15,9 +15,11 @@ How a kernel runs
 3. ctypes loads it; each call checks the arguments against the parameter types exported by the
    library, then launches: blocks are spread over a few OS threads (one per core,
    $XTRAIN_EMULATOR_WORKERS); inside a block every CUDA thread is a fiber — a user-space
-   stack — and the scheduler switches fibers at `__syncthreads()` and at warp operations
-   (a hand-written x86-64 stack switch; swapcontext elsewhere). Kernels with no barrier and no
-   warp operation in their source take a fast path: a block's threads are plain calls in a loop.
+   stack. A fiber runs until it reaches `__syncthreads()` or a warp operation, then hands over
+   directly to the next runnable fiber (a hand-written x86-64 stack switch; swapcontext
+   elsewhere); the last one returns to the scheduler, which completes the barrier. Kernels with
+   no barrier and no warp operation in their source take a fast path: a block's threads are
+   plain calls in a loop.
 
 $XTRAIN_EMULATOR_MODE picks how the threads of a block run: `fibers` (default), `ucontext`
 (the same fibers switched with POSIX swapcontext: portable, ~6x slower) or `threads` (one
@@ -36,6 +38,26 @@ Checks the emulator makes
 * Arguments are checked: a float64 array for a `float*`, an np.float64 for a `float`, a
   non-contiguous or read-only array, or a Python int/float (CuPy would pass them as 64-bit
   values) raise `TypeError`/`ValueError` naming the parameter.
+* `__trap()` raises `KernelError` with the block, thread and line.
+
+The sanitizer (`sanitize=True`, $XTRAIN_SANITIZE=1)
+---------------------------------------------------
+Compiled with -DXT_SANITIZE, run with one worker and fibers (one thread at a time):
+* Global memory: each array argument is copied into a mapping whose data ends where 64 KB of
+  inaccessible guard pages begin (copied back afterwards). The first access past the end
+  faults; a SIGSEGV handler, installed only during the launch, names the parameter, index,
+  size, block and thread, and tells a read from a write (the page-fault error code). An array
+  passed twice shares one copy; arrays that partly overlap are passed unchecked. Not seen:
+  a small negative index (it lands in the data's own page), an index past the guard pages,
+  out-of-row accesses that stay inside the array.
+* Shared memory: the `__shared__` declarations become checked views (xtrain_sanitizer.h):
+  every index is bounds-checked per dimension, and every read and write of a number goes
+  through a shadow that records, per byte, the block that last wrote it and the threads that
+  last wrote and read it with their barrier epoch. A read of a byte this block never wrote,
+  or two threads (one writing) on one byte between the same two barriers, is reported; lanes
+  of a warp that met at a warp operation in between do not race. Accesses through a plain
+  pointer into shared memory (`float* p = tile[0];`, `&s[i]` for atomics) are not checked.
+* Cost: see scripts/bench_emulator.py (several times slower on barrier-heavy kernels).
 
 Where the emulator differs from a GPU (fidelity limits)
 -------------------------------------------------------
@@ -49,15 +71,19 @@ Where the emulator differs from a GPU (fidelity limits)
 * Warp masks are ignored: a warp operation waits for every live lane of the warp.
 * Threads that have returned count as arrived at every later `__syncthreads()` (early return
   does not deadlock). In CUDA a barrier not reached by every thread is undefined behaviour.
-* No bounds checks: an out-of-range index reads or writes host memory (it may crash Python).
+* No bounds checks outside sanitizer mode: an out-of-range index reads or writes host memory
+  (it may crash Python).
   A fiber has a 124 KB stack (a GPU thread has 1 KB by default); deep recursion or big local
   arrays overflow it (a crash). Dynamic shared memory is not limited to 48 KB.
   A thread stuck in an endless loop hangs the launch, as on a GPU (Ctrl-C cannot stop it).
-* `__constant__` and `__device__` variables are ordinary globals, not settable from Python.
+* `__constant__` and `__device__` variables are ordinary globals of the library, set from
+  Python through `Module.get_global` / `set_global`; `__constant__` is not read-only here.
   A kernel's `printf` output is copied to Python's sys.stdout when the launch ends (so that
   Jupyter shows it); lines from different blocks come in any order, as on a GPU.
-* Kernels must be non-template `__global__ void` functions, ideally `extern "C"` as
-  `cupy.RawKernel` requires. `__shared__` at file scope is not supported.
+* Kernels are `__global__ void` functions, `extern "C"` as `cupy.RawKernel` requires, or
+  templates launched by name expression through `Module`. `__shared__` at file scope is not
+  supported. Cooperative groups: the thread block and tiles of up to 32 threads
+  (include/cooperative_groups.h); no grid-wide groups.
 """
 
 from __future__ import annotations
@@ -65,6 +91,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -82,7 +109,8 @@ COMPAT_HEADER = "xtrain_cuda_compat.h"
 RUNTIME_HEADER = "xtrain_emulator_runtime.h"
 CXX_FLAGS = ("-std=c++20", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-pthread")
 MODES = {"fibers": 0, "ucontext": 1, "threads": 2}
-_SYNC_OPS = re.compile(r"\b(__syncthreads|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|__all_sync|__activemask)\b")
+_SYNC_OPS = re.compile(r"\b(__syncthreads|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|__all_sync|__activemask"
+                       r"|cooperative_groups|this_thread_block|tiled_partition)\b")
 
 
 class KernelError(RuntimeError):
@@ -149,6 +177,27 @@ def needs_fibers(src: str, name: str, included: str = "") -> bool:
     return bool(_SYNC_OPS.search(outside))
 
 
+def param_names(src: str, name: str) -> list[str]:
+    """The parameter names of kernel `name`, in order (for the sanitizer's reports)."""
+    code = strip_comments(src)
+    for m in _KERNEL_RE.finditer(code):
+        if m.group(1) != name:
+            continue
+        depth, i, parts, cur = 1, m.end(), [], ""
+        while i < len(code) and depth:
+            c = code[i]
+            depth += {"(": 1, ")": -1, "<": 1, ">": -1}.get(c, 0)
+            if depth == 1 and c == ",":
+                parts.append(cur); cur = ""
+            elif depth:
+                cur += c
+            i += 1
+        parts.append(cur)
+        names = [re.findall(r"[A-Za-z_]\w*", p.split("=")[0]) for p in parts if p.strip()]
+        return [n[-1] if n else f"arg{k}" for k, n in enumerate(names)]
+    return []
+
+
 _QUAL = r"(?:(?:volatile|static)\s+)*"
 _SHARED_RE = re.compile(
     r"(?P<pre>" + _QUAL + r")(?P<ext>extern\s+" + _QUAL + r")?__shared__\s+"
@@ -158,12 +207,13 @@ _SHARED_RE = re.compile(
 _ALIGN_RE = re.compile(r"__align__\s*\([^)]*\)|alignas\s*\([^)]*\)|\bstatic\b")
 
 
-def rewrite_shared(src: str) -> str:
+def rewrite_shared(src: str, sanitize: bool = False) -> str:
     """Turn `__shared__` declarations into references into the block's shared arenas.
 
     `__shared__ float t[16][16];` becomes a reference to a slot of the static arena reserved
     once per declaration; `extern __shared__ float s[];` a pointer to the dynamic arena.
-    Everything stays on one line so line numbers do not move."""
+    Everything stays on one line so line numbers do not move. With `sanitize`, the names
+    become checked views instead (xtrain_sanitizer.h)."""
     code = strip_comments(src)
 
     def repl(m: re.Match) -> str:
@@ -176,32 +226,85 @@ def rewrite_shared(src: str) -> str:
         typ = " ".join(_ALIGN_RE.sub(" ", m.group("type")).split())
         name, dims = m.group("name"), "".join(m.group("dims").split())
         if m.group("ext"):
-            return f"{volatile}{typ}* const {name} = reinterpret_cast<{volatile}{typ}*>(xt_dynamic_shared());"
+            ptr = f"reinterpret_cast<{volatile}{typ}*>(xt_dynamic_shared())"
+            if sanitize:
+                info = f'static constexpr xt_sinfo xt_info_{name}{{"{name}", sizeof({typ}), 1, {{-1, 0, 0, 0}}}}; '
+                return info + f"xt::sdyn<{volatile}{typ}> {name}{{{ptr}, &xt_info_{name}}};"
+            return f"{volatile}{typ}* const {name} = {ptr};"
         t = f"xt_shared_t_{name}"
-        return (f"using {t} = {volatile}{typ}{dims}; "
-                f"static const xt_site_t xt_site_{name} = xt::new_site(sizeof({t}), alignof({t})); "
-                f"{t}& {name} = *reinterpret_cast<{t}*>(xt_shared_site(&xt_site_{name}));")
+        decl = (f"using {t} = {volatile}{typ}{dims}; "
+                f"static const xt_site_t xt_site_{name} = xt::new_site(sizeof({t}), alignof({t})); ")
+        ref = f"*reinterpret_cast<{t}*>(xt_shared_site(&xt_site_{name}))"
+        if sanitize:
+            decl += f'static constexpr xt_sinfo xt_info_{name} = xt::sinfo<{t}>("{name}"); '
+        if sanitize and dims:
+            return decl + f"{t}& xt_ref_{name} = {ref}; " \
+                          f"xt::sview<{t}> {name}{{xt_ref_{name}, &xt_ref_{name}, &xt_info_{name}}};"
+        if sanitize:
+            return decl + f"decltype(auto) {name} = xt::sscalar(&{ref}, &xt_info_{name});"
+        return decl + f"{t}& {name} = {ref};"
     return _SHARED_RE.sub(repl, src)
 
 
-def prepare_source(source: str, filename: str) -> tuple[str, list[str]]:
-    """The C++ translation unit for `source`, and the names of the kernels it launches."""
-    names = list(find_kernels(source))
+def template_kernels(src: str) -> set[str]:
+    """The kernels declared `template <...> __global__ ...`: launched by name expression only."""
+    code = strip_comments(src)
+    found = set()
+    for m in _KERNEL_RE.finditer(code):
+        before = code[: m.start()]
+        cut = max(before.rfind(";"), before.rfind("}"), before.rfind("{"))
+        if re.search(r"\btemplate\s*<", before[cut + 1:]):
+            found.add(m.group(1))
+    return found
+
+
+_GLOBAL_VAR_RE = re.compile(r"\b(?:__constant__|__device__)\s+(?:(?:const|static|volatile)\s+)*[A-Za-z_][\w:]*"
+                            r"(?:\s*<[^;{}()]*>)?[\s*&]+([A-Za-z_]\w*)\s*(?:\[[^\]]*\]\s*)*(?:=|;)")
+
+
+def global_variables(src: str) -> list[str]:
+    """File-scope `__constant__` / `__device__` variables (for get_global)."""
+    code = strip_comments(src)
+    return [m.group(1) for m in _GLOBAL_VAR_RE.finditer(code)
+            if code[: m.start()].count("{") == code[: m.start()].count("}")]
+
+
+def _symbol(expr: str) -> str:
+    """A C identifier for a launch name: the kernel's own name, or a hash of a name expression."""
+    return expr if re.fullmatch(r"[A-Za-z_]\w*", expr) else "e" + hashlib.sha256(expr.encode()).hexdigest()[:16]
+
+
+def prepare_source(source: str, filename: str, sanitize: bool = False,
+                   name_expressions=()) -> tuple[str, dict[str, str]]:
+    """The C++ translation unit for `source`, and {launch name: symbol} of the kernels it launches.
+
+    Non-template kernels are launched by name; template kernels only through the name
+    expressions asked for, e.g. "scale<float, 128>" (as `cupy.RawModule(name_expressions=...)`)."""
+    kernels, templates = list(find_kernels(source)), template_kernels(source)
+    entries = {n: n for n in kernels if n not in templates}
+    for expr in name_expressions:
+        base = expr.split("<")[0].strip()
+        if base not in kernels:
+            raise CompileError(f"name expression {expr!r}: no __global__ function named {base!r} in {filename} "
+                               f"(found: {', '.join(kernels) or 'none'})")
+        entries[expr] = _symbol(expr)
     fname = filename.replace("\\", "/").replace('"', "")
     try:
-        body = rewrite_shared(source)
+        body = rewrite_shared(source, sanitize)
     except CompileError as e:
         raise CompileError(f"{fname}: {e}") from None
     lines = [f'#line 1 "{fname}"', body, "", '#line 1 "<xtrain kernel launchers>"']
-    for n in names:
+    export = 'extern "C" __attribute__((visibility("default")))'
+    for expr, sym in entries.items():
         lines.append(
-            f'extern "C" __attribute__((visibility("default"))) int xt_launch_{n}(const unsigned* g, '
-            f"const unsigned* b, unsigned long long shmem, void** args, int mode, int workers, int fast, "
-            f"char* err, unsigned long long errlen) {{ return xt::launch(&{n}, g, b, shmem, args, mode, "
-            f"workers, fast, err, errlen); }}")
-        lines.append(f'extern "C" __attribute__((visibility("default"))) const char* xt_signature_{n}() '
-                     f"{{ return xt::signature(&{n}); }}")
-    return "\n".join(lines) + "\n", names
+            f"{export} int xt_launch_{sym}(const unsigned* g, const unsigned* b, unsigned long long shmem, "
+            f"void** args, int mode, int workers, int fast, char* err, unsigned long long errlen) "
+            f"{{ return xt::launch(&{expr}, g, b, shmem, args, mode, workers, fast, err, errlen); }}")
+        lines.append(f"{export} const char* xt_signature_{sym}() {{ return xt::signature(&{expr}); }}")
+    for var in global_variables(source):
+        lines.append(f"{export} void* xt_global_{var}(unsigned long long* bytes) "
+                     f"{{ *bytes = sizeof({var}); return (void*)&{var}; }}")
+    return "\n".join(lines) + "\n", entries
 
 
 # ------------------------------------------------------------------ compiling and caching
@@ -263,10 +366,18 @@ def _build(cpp: str, flags: tuple[str, ...], prefix: str, filename: str, link: t
     return lib
 
 
+def _tls_flags(cxx: str) -> tuple[str, ...]:
+    """g++ on x86-64 Linux: TLS descriptors, which make threadIdx (thread-local in the runtime
+    library, read by every kernel library) several times cheaper to reach than __tls_get_addr."""
+    gcc = "clang" not in _compiler_version(cxx).lower()
+    return ("-mtls-dialect=gnu2",) if gcc and platform.system() == "Linux" and platform.machine() == "x86_64" else ()
+
+
 def runtime_library() -> Path:
     """The emulator runtime (scheduler, fibers, workers), compiled once per machine."""
     cpp = f'#include "{RUNTIME_HEADER}"\n'
-    return _build(cpp, (*CXX_FLAGS, "-I", str(INCLUDE_DIR)), "xtrain-runtime-", RUNTIME_HEADER)
+    return _build(cpp, (*CXX_FLAGS, *_tls_flags(compiler()), "-I", str(INCLUDE_DIR)), "xtrain-runtime-",
+                  RUNTIME_HEADER)
 
 
 def compile_library(cpp: str, flags: tuple[str, ...] = (), filename: str = "kernel.cu",
@@ -283,7 +394,8 @@ def compile_library(cpp: str, flags: tuple[str, ...] = (), filename: str = "kern
     if folder is not None:
         local = ("-I", str(folder))
         cpp += f"// included: {hashlib.sha256(_local_includes(cpp, filename).encode()).hexdigest()}\n"
-    cmd_flags = (*CXX_FLAGS, "-I", str(INCLUDE_DIR), *local, "-include", COMPAT_HEADER, *flags)
+    cmd_flags = (*CXX_FLAGS, *_tls_flags(compiler()), "-I", str(INCLUDE_DIR), *local, "-include", COMPAT_HEADER,
+                 *flags)
     return _build(cpp, cmd_flags, "", filename, link=(str(runtime),), source=source)
 
 
@@ -443,31 +555,88 @@ def _local_includes(source: str, filename: str) -> str:
     return "".join(p.read_text() for p in found if p.is_file())
 
 
+_guarded_lock = threading.Lock()
+
+
+def sanitize_default() -> bool:
+    """$XTRAIN_SANITIZE=1 turns the sanitizer on for every kernel compiled afterwards."""
+    return os.environ.get("XTRAIN_SANITIZE", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+class CpuModule:
+    """A CUDA source compiled for the CPU emulator, like `cupy.RawModule`: its kernels by name
+    (or name expression, for templates) and its `__constant__` / `__device__` variables."""
+
+    backend = "cpu"
+
+    def __init__(self, source: str, options=(), filename: str | None = None, sanitize: bool | None = None,
+                 name_expressions=()):
+        self.source, self.filename = source, filename or "module.cu"
+        self.sanitize = sanitize_default() if sanitize is None else bool(sanitize)
+        self.name_expressions = tuple(name_expressions)
+        cpp, self.entries = prepare_source(source, self.filename, self.sanitize, self.name_expressions)
+        from_file = filename is not None and Path(filename).is_file()
+        flags = _cpu_flags(options) + (("-DXT_SANITIZE",) if self.sanitize else ())
+        self.library_path = compile_library(cpp, flags, self.filename, source=None if from_file else source)
+        self.lib = load_library(self.library_path)
+        self.globals = global_variables(source)
+
+    def get_function(self, name: str) -> "CpuKernel":
+        return CpuKernel(self.source, name, filename=self.filename, module=self)
+
+    def get_global(self, name: str) -> "GlobalMemory":
+        if name not in self.globals:
+            raise KeyError(f"no __constant__ or __device__ variable {name!r} at file scope in {self.filename} "
+                           f"(found: {', '.join(self.globals) or 'none'})")
+        fn = getattr(self.lib, f"xt_global_{name}")
+        fn.restype = ctypes.c_void_p
+        size = ctypes.c_ulonglong(0)
+        ptr = fn(ctypes.byref(size))
+        return GlobalMemory(ptr, size.value, name)
+
+
+class GlobalMemory:
+    """A `__constant__` / `__device__` variable's memory, with CuPy's MemoryPointer copy methods."""
+    def __init__(self, ptr: int, size: int, name: str):
+        self.ptr, self.size, self.name = ptr, size, name
+
+    def copy_from_host(self, src, size: int) -> None:
+        if size > self.size:
+            raise ValueError(f"{self.name} holds {self.size} bytes; cannot copy {size} into it")
+        ctypes.memmove(self.ptr, src, size)
+
+    def copy_to_host(self, dst, size: int) -> None:
+        ctypes.memmove(dst, self.ptr, min(size, self.size))
+
+
 class CpuKernel:
     """A kernel compiled for the CPU emulator; call it like `cupy.RawKernel`."""
     backend = "cpu"
 
-    def __init__(self, source: str, name: str, options=(), filename: str | None = None):
-        self.name, self.source = name, source
-        self.filename = filename or f"{name}.cu"
-        cpp, names = prepare_source(source, self.filename)
-        if name not in names:
-            found = ", ".join(names) or "none"
-            raise CompileError(f"no __global__ function named {name!r} in {self.filename} (found: {found})")
-        from_file = filename is not None and Path(filename).is_file()
-        self.library_path = compile_library(cpp, _cpu_flags(options), self.filename,
-                                            source=None if from_file else source)
-        lib = load_library(self.library_path)
-        sig = getattr(lib, f"xt_signature_{name}")
+    def __init__(self, source: str, name: str, options=(), filename: str | None = None,
+                 sanitize: bool | None = None, module: CpuModule | None = None):
+        if module is None:
+            module = CpuModule(source, options, filename or f"{name.split('<')[0].strip()}.cu", sanitize,
+                               name_expressions=(name,) if "<" in name else ())
+        self.name, self.source, self.filename, self.sanitize = name, source, module.filename, module.sanitize
+        if name not in module.entries:
+            found = ", ".join(module.entries) or "none"
+            hint = " (a template kernel: pass its name expression, e.g. \"kernel<float, 128>\")" \
+                if name in template_kernels(source) else ""
+            raise CompileError(f"no __global__ function named {name!r} in {self.filename} (found: {found}){hint}")
+        self.library_path, lib, sym = module.library_path, module.lib, module.entries[name]
+        sig = getattr(lib, f"xt_signature_{sym}")
         sig.restype = ctypes.c_char_p
         codes = sig().decode()
         self.params = [Param(i, c) for i, c in enumerate(codes.split(",") if codes else [])]
-        self._launch = getattr(lib, f"xt_launch_{name}")
+        self._launch = getattr(lib, f"xt_launch_{sym}")
         self._launch.restype = ctypes.c_int
         self._launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_void_p,
                                  ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_ulonglong]
-        self.uses_barriers = needs_fibers(source, name, _local_includes(source, self.filename))
+        base = name.split("<")[0].strip()
+        self.uses_barriers = needs_fibers(source, base, _local_includes(source, self.filename))
         self.uses_printf = "printf" in strip_comments(source)
+        self.param_names = param_names(source, base)
 
     @property
     def signature(self) -> str:
@@ -487,14 +656,50 @@ class CpuKernel:
         ptrs = slots.ctypes.data + 8 * np.arange(len(slots), dtype=np.uint64)
         err = ctypes.create_string_buffer(4096)
         dims = (ctypes.c_uint * 6)(*g, *b)
+        flags = 2 if self.sanitize else (0 if self.uses_barriers else 1)
+        workers = 1 if self.sanitize else emulator_workers()  # one worker: the first bug in block order
 
         def launch() -> int:
             return self._launch(ctypes.addressof(dims), ctypes.addressof(dims) + 12, shmem, ptrs.ctypes.data,
-                                MODES[emulator_mode()], emulator_workers(), 0 if self.uses_barriers else 1,
-                                err, len(err))
-        rc = _with_c_stdout_to_python(launch) if self.uses_printf else launch()
+                                MODES[emulator_mode()], workers, flags, err, len(err))
+        run = (lambda: _with_c_stdout_to_python(launch)) if self.uses_printf else launch
+        rc = self._run_guarded(run, args, slots) if self.sanitize else run()
         if rc != 0:
             raise KernelError(f"kernel {self.name} ({self.filename}): {err.value.decode(errors='replace')}")
+
+    def _run_guarded(self, run, args, slots: np.ndarray) -> int:
+        """Sanitizer mode: run with every array copied into a region that ends at guard pages."""
+        with _guarded_lock:  # the runtime keeps one set of regions: one sanitized launch at a time
+            return self._run_guarded_locked(run, args, slots)
+
+    def _run_guarded_locked(self, run, args, slots: np.ndarray) -> int:
+        rt = load_library(runtime_library())
+        rt.xt_san_region.restype = ctypes.c_void_p
+        rt.xt_san_region.argtypes = [ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_char_p, ctypes.c_char_p]
+        arrays = [(p, a) for p, a in zip(self.params, args) if p.pointer]
+        spans = [(a.ctypes.data, a.ctypes.data + a.nbytes) for _, a in arrays]
+        copies: dict = {}  # span -> (array, copy): an array passed twice shares one copy, as it shares memory
+        try:
+            for (p, a), span in zip(arrays, spans):
+                if span in copies:
+                    slots[p.index] = copies[span][1]
+                    continue
+                if any(s != span and s[0] < span[1] and span[0] < s[1] for s in spans):
+                    continue  # partly overlaps another argument: passed as it is, unchecked
+                name = self.param_names[p.index] if p.index < len(self.param_names) else f"arg{p.index}"
+                buf = rt.xt_san_region(a.nbytes, a.itemsize, name.encode(), p.c_decl.encode())
+                if not buf:
+                    raise MemoryError(f"sanitizer: could not map a guarded copy of {name}")
+                ctypes.memmove(buf, a.ctypes.data, a.nbytes)
+                slots[p.index] = buf
+                copies[span] = (a, buf)
+            return run()
+        finally:
+            written = {span for (p, _), span in zip(arrays, spans) if not p.const}
+            for span, (a, buf) in copies.items():
+                if span in written:
+                    ctypes.memmove(a.ctypes.data, buf, a.nbytes)
+            rt.xt_san_release()
 
     def __repr__(self) -> str:
         return f"CpuKernel({self.name}({self.signature}), {self.filename})"

@@ -19,6 +19,11 @@
 // Block sizes are runtime values up to FA_MAX_BLOCK; D up to FA_MAX_D. Threads with no row
 // (past the end) still load tiles and reach every barrier.
 
+// NVRTC (CuPy's compiler), unlike nvcc, does not include math.h, where INFINITY lives.
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
 #define FA_MAX_D 128
 #define FA_MAX_BLOCK 64
 

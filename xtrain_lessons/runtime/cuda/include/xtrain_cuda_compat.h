@@ -19,9 +19,24 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <math.h>
+#include <cmath>
 #include <type_traits>
 #include <utility>
+
+// CUDA's math functions are global overloads for float and double. <math.h> would give them,
+// but in C++20 it also puts std::lerp, std::beta, ... in the global namespace, so a kernel that
+// defines its own lerp would not compile (it does with nvcc). Bring in the math functions only.
+using std::abs; using std::fabs; using std::sqrt; using std::cbrt; using std::exp; using std::exp2;
+using std::expm1; using std::log; using std::log2; using std::log10; using std::log1p; using std::pow;
+using std::sin; using std::cos; using std::tan; using std::asin; using std::acos; using std::atan;
+using std::atan2; using std::sinh; using std::cosh; using std::tanh; using std::asinh; using std::acosh;
+using std::atanh; using std::floor; using std::ceil; using std::round; using std::trunc; using std::rint;
+using std::nearbyint; using std::lround; using std::llround; using std::lrint; using std::llrint;
+using std::fmod; using std::remainder; using std::remquo; using std::fmin; using std::fmax; using std::fma;
+using std::hypot; using std::erf; using std::erfc; using std::tgamma; using std::lgamma; using std::copysign;
+using std::ldexp; using std::frexp; using std::modf; using std::scalbn; using std::ilogb; using std::logb;
+using std::nextafter; using std::fdim; using std::isnan; using std::isinf; using std::isfinite;
+using std::signbit;
 
 // ---------------------------------------------------------------- keywords
 #define __global__
@@ -92,14 +107,27 @@ inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
+// A checked shared-memory element (sanitizer mode) stands for its value type.
+namespace xt { template <class T> struct unproxy { using type = T; }; }
+template <class T> using xt_value_t = typename xt::unproxy<T>::type;
 // CUDA's min/max accept mixed argument types (int and unsigned, float and int, ...).
-template <class A, class B> inline std::common_type_t<A, B> min(A a, B b) {
-    using C = std::common_type_t<A, B>; return (C)b < (C)a ? (C)b : (C)a;
+template <class A, class B> inline std::common_type_t<xt_value_t<A>, xt_value_t<B>> min(A a, B b) {
+    using C = std::common_type_t<xt_value_t<A>, xt_value_t<B>>; return (C)b < (C)a ? (C)b : (C)a;
 }
-template <class A, class B> inline std::common_type_t<A, B> max(A a, B b) {
-    using C = std::common_type_t<A, B>; return (C)a < (C)b ? (C)b : (C)a;
+template <class A, class B> inline std::common_type_t<xt_value_t<A>, xt_value_t<B>> max(A a, B b) {
+    using C = std::common_type_t<xt_value_t<A>, xt_value_t<B>>; return (C)a < (C)b ? (C)b : (C)a;
 }
+// Loads and stores with a cache hint (read-only, streaming, ...): plain accesses here.
 template <class T> inline T __ldg(const T* p) { return *p; }
+template <class T> inline T __ldcg(const T* p) { return *p; }
+template <class T> inline T __ldca(const T* p) { return *p; }
+template <class T> inline T __ldcs(const T* p) { return *p; }
+template <class T> inline T __ldlu(const T* p) { return *p; }
+template <class T> inline T __ldcv(const T* p) { return *p; }
+template <class T> inline void __stwb(T* p, std::type_identity_t<T> v) { *p = v; }
+template <class T> inline void __stcg(T* p, std::type_identity_t<T> v) { *p = v; }
+template <class T> inline void __stcs(T* p, std::type_identity_t<T> v) { *p = v; }
+template <class T> inline void __stwt(T* p, std::type_identity_t<T> v) { *p = v; }
 
 // ---------------------------------------------------------------- atomics
 // Only the overloads nvcc accepts. Fibers of one block share an OS thread, but blocks run
@@ -128,6 +156,35 @@ XT_ATOMIC_INT(int)
 XT_ATOMIC_INT(unsigned int)
 XT_ATOMIC_INT(unsigned long long)
 #undef XT_ATOMIC_INT
+#define XT_ATOMIC_MINMAX(T)                                                                     \
+    inline T atomicMax(T* a, T v) {                                                             \
+        T old = __atomic_load_n(a, __ATOMIC_RELAXED);                                           \
+        while (old < v && !__atomic_compare_exchange_n(a, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {} \
+        return old;                                                                             \
+    }                                                                                           \
+    inline T atomicMin(T* a, T v) {                                                             \
+        T old = __atomic_load_n(a, __ATOMIC_RELAXED);                                           \
+        while (v < old && !__atomic_compare_exchange_n(a, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {} \
+        return old;                                                                             \
+    }
+XT_ATOMIC_MINMAX(long long)
+#undef XT_ATOMIC_MINMAX
+inline unsigned short atomicCAS(unsigned short* a, unsigned short expected, unsigned short desired) {
+    __atomic_compare_exchange_n(a, &expected, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    return expected;
+}
+// atomicInc: old >= limit ? 0 : old + 1; atomicDec: old == 0 || old > limit ? limit : old - 1.
+inline unsigned atomicInc(unsigned* a, unsigned limit) {
+    unsigned old = __atomic_load_n(a, __ATOMIC_RELAXED);
+    while (!__atomic_compare_exchange_n(a, &old, old >= limit ? 0u : old + 1u, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    return old;
+}
+inline unsigned atomicDec(unsigned* a, unsigned limit) {
+    unsigned old = __atomic_load_n(a, __ATOMIC_RELAXED);
+    while (!__atomic_compare_exchange_n(a, &old, (old == 0u || old > limit) ? limit : old - 1u, true, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {}
+    return old;
+}
 inline int atomicSub(int* a, int v) { return __atomic_fetch_sub(a, v, __ATOMIC_RELAXED); }
 inline unsigned atomicSub(unsigned* a, unsigned v) { return __atomic_fetch_sub(a, v, __ATOMIC_RELAXED); }
 // Floating-point atomics: compare-and-swap on the bits.
@@ -178,13 +235,7 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __float2bfloat16(f); 
 inline float __bfloat162float(__nv_bfloat16 b) { return xt::bf16_bits_to_float(b.__x); }
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.__x; }
 inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short x) { __nv_bfloat16 r; r.__x = x; return r; }
-inline __nv_bfloat16 operator+(__nv_bfloat16 a, __nv_bfloat16 b) { return __float2bfloat16((float)a + (float)b); }
-inline __nv_bfloat16 operator-(__nv_bfloat16 a, __nv_bfloat16 b) { return __float2bfloat16((float)a - (float)b); }
-inline __nv_bfloat16 operator*(__nv_bfloat16 a, __nv_bfloat16 b) { return __float2bfloat16((float)a * (float)b); }
-inline __nv_bfloat16 operator/(__nv_bfloat16 a, __nv_bfloat16 b) { return __float2bfloat16((float)a / (float)b); }
-inline __nv_bfloat16 __hadd(__nv_bfloat16 a, __nv_bfloat16 b) { return a + b; }
-inline __nv_bfloat16 __hsub(__nv_bfloat16 a, __nv_bfloat16 b) { return a - b; }
-inline __nv_bfloat16 __hmul(__nv_bfloat16 a, __nv_bfloat16 b) { return a * b; }
+// Arithmetic on __nv_bfloat16 (and __nv_bfloat162, __half, half2): xtrain_half.h.
 
 
 // ---------------------------------------------------------------- the runtime interface
@@ -200,12 +251,16 @@ struct xt_launch_t {
     int mode, workers, fast;
 };
 struct xt_site_t { unsigned long long offset, size; int id; };  // one static __shared__ declaration
+// Sanitizer mode: a __shared__ declaration's name, element size and extents (ext[0] < 0: the
+// dynamic array, whose extent is the launch's shared_mem).
+struct xt_sinfo { const char* name; unsigned elem; int nd; long long ext[4]; };
 extern "C" {
 extern __thread xt_tls_t xt_tls;
 void xt_syncthreads(int line);
 unsigned long long xt_warp_op(int line, int op, unsigned long long value, int arg, int width);
 char* xt_shared_site(const xt_site_t* site);
 char* xt_dynamic_shared();
+[[noreturn]] void xt_trap(int line);
 long long xt_clock64();
 int xt_run(const xt_launch_t* launch, char* err, unsigned long long errlen);
 }
@@ -215,6 +270,8 @@ int xt_run(const xt_launch_t* launch, char* err, unsigned long long errlen);
 #define blockDim (static_cast<const uint3&>(xt_tls.bdim))
 #define gridDim (static_cast<const uint3&>(xt_tls.gdim))
 inline long long clock64() { return xt_clock64(); }
+// __trap() stops the kernel with a KernelError naming the block, thread and line.
+#define __trap() xt_trap(__LINE__)
 
 // Macros, so that the scheduler can name the source line a thread waits at.
 #define __syncthreads() xt_syncthreads(__LINE__)
@@ -232,7 +289,9 @@ namespace xt {
 inline int width_or_32() { return 32; }
 inline int width_or_32(int w) { return w; }
 
-template <class T> inline T shfl(int line, int op, T var, int arg, int width) {
+template <class P> inline xt_value_t<P> shfl(int line, int op, P given, int arg, int width) {
+    using T = xt_value_t<P>;
+    T var = given;
     static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "warp shuffle of a type wider than 8 bytes");
     unsigned long long bits = 0;
     std::memcpy(&bits, &var, sizeof(T));
@@ -299,3 +358,9 @@ template <class... A> const char* signature(void (*)(A...)) {
     return buf;
 }
 }  // namespace xt
+
+#include "xtrain_half.h"
+
+#ifdef XT_SANITIZE
+#include "xtrain_sanitizer.h"
+#endif

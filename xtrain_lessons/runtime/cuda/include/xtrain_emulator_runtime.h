@@ -29,6 +29,7 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include <signal.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 
@@ -70,7 +71,7 @@ struct Thread {
     int arg = 0, width = 32;
     uint3 tid{};
     void* sp = nullptr;         // FIBERS: saved stack pointer
-    ucontext_t uc;              // UCONTEXT
+    std::unique_ptr<ucontext_t> uc;  // UCONTEXT (allocated on first use: it is ~1 KB)
     std::unique_ptr<std::binary_semaphore> go;  // THREADS: start the next block
     std::unique_ptr<std::condition_variable> wake;  // THREADS: released from a barrier
 };
@@ -83,6 +84,7 @@ struct Launch {
     size_t shmem;
     int mode;
     bool fast;                  // no barriers / warp ops: run threads as plain calls
+    bool sanitize = false;      // sanitizer mode: fibers, shared accesses checked
     long long nblocks;
     std::atomic<long long> next{0};
     std::atomic<bool> failed{false};
@@ -93,6 +95,17 @@ struct Launch {
 static constexpr size_t kStaticShared = 48 * 1024;   // CUDA's static shared memory limit per block
 static constexpr size_t kArena = 256 * 1024;         // static __shared__ of all kernels of a library
 static constexpr size_t kStackSize = 128 * 1024;     // per fiber, one guard page included
+// Stack tops 128 KB apart all fall in the same cache sets, and a barrier touches every fiber's
+// top: shift fiber i's top by (i % 64) cache lines so that they spread over the sets.
+static inline size_t stagger(int i) { return (size_t)(i % 64) * 64; }
+
+// Sanitizer mode: what happened last to one byte of shared memory (the first byte of an access).
+struct Shadow {
+    uint64_t init = 0;              // the block (Worker::gen) that last wrote it
+    uint64_t wphase = ~0ull, rphase = ~0ull;  // (block << 24 | barrier epoch) of the last write / reads
+    int16_t wt = -1, rt[2] = {-1, -1};        // the writing thread, up to two reading threads
+    uint32_t wwe = 0, rwe[2] = {0, 0};        // their warp epochs
+};
 
 struct Worker {
     Launch* L = nullptr;
@@ -109,11 +122,16 @@ struct Worker {
     void* sched_sp = nullptr;
     ucontext_t sched_uc;
     std::string error;          // set by a failing thread or by the scheduler
+    // sanitizer mode: barrier epoch of the block, one epoch per warp, shadow of shared memory
+    uint32_t epoch = 0;
+    std::vector<uint32_t> wep;
+    std::vector<Shadow> stat_shadow, dyn_shadow;
     // THREADS mode: the block's CUDA threads run in parallel; mu guards the Thread states
     std::vector<std::thread> os;
     std::mutex mu;
     std::condition_variable cv;
     int live = 0, running = 0, unfinished = 0;
+    int fibers_live = 0;        // FIBERS / UCONTEXT: threads of the block not finished
     bool quit = false, aborting = false;
 };
 
@@ -169,13 +187,13 @@ static void set_error(Launch* L, const std::string& msg) {
     L->failed = true;
 }
 
+static void leave(Worker* w, int i);
+
 static void fiber_finish(Worker* w, int i) {
     w->th[i].state = St::Done;
-#if XT_HAVE_ASM_SWITCH
-    if (w->L->mode == FIBERS) { xt_switch_ctx(&w->th[i].sp, w->sched_sp); __builtin_trap(); }
-#endif
-    swapcontext(&w->th[i].uc, &w->sched_uc);
-    __builtin_trap();
+    w->fibers_live--;
+    leave(w, i);
+    __builtin_trap();  // a finished fiber is never resumed
 }
 
 static void fiber_main() {
@@ -185,8 +203,8 @@ static void fiber_main() {
     fiber_finish(w, i);
 }
 
-// Switch from the scheduler into CUDA thread i until it blocks or finishes.
-static void resume(Worker* w, int i) {
+// Make CUDA thread i the current one: its identity, and a fresh stack if it has not run yet.
+static void enter(Worker* w, int i) {
     Thread& t = w->th[i];
     t_index = i;
     xt_tls.tid = t.tid;
@@ -196,7 +214,7 @@ static void resume(Worker* w, int i) {
 #if XT_HAVE_ASM_SWITCH
         if (w->L->mode == FIBERS) {
             // A fresh stack that "returns" into fiber_main with the ABI's alignment.
-            void** sp = (void**)(((uintptr_t)(base + kStackSize)) & ~(uintptr_t)15);
+            void** sp = (void**)(((uintptr_t)(base + kStackSize - stagger(i))) & ~(uintptr_t)15);
             *--sp = nullptr;
             *--sp = (void*)&fiber_main;
             for (int k = 0; k < 6; k++) *--sp = nullptr;
@@ -204,17 +222,47 @@ static void resume(Worker* w, int i) {
         }
 #endif
         if (w->L->mode != FIBERS || !XT_HAVE_ASM_SWITCH) {
-            getcontext(&t.uc);
-            t.uc.uc_stack.ss_sp = base + 4096;
-            t.uc.uc_stack.ss_size = kStackSize - 4096;
-            t.uc.uc_link = nullptr;
-            makecontext(&t.uc, (void (*)())fiber_main, 0);
+            if (!t.uc) t.uc = std::make_unique<ucontext_t>();
+            getcontext(t.uc.get());
+            t.uc->uc_stack.ss_sp = base + 4096;
+            t.uc->uc_stack.ss_size = kStackSize - 4096 - stagger(i);
+            t.uc->uc_link = nullptr;
+            makecontext(t.uc.get(), (void (*)())fiber_main, 0);
         }
     }
+}
+
+// The next fiber of this round: the first runnable one after i, or -1.
+static inline int next_ready(Worker* w, int i) {
+    for (int j = i + 1; j < w->nthreads; j++)
+        if (w->th[j].state == St::Ready) return j;
+    return -1;
+}
+
+// Switch from the scheduler into CUDA thread i. With FIBERS, the fibers then hand over to each
+// other directly (leave) and only the last runnable one comes back here: one stack switch per
+// thread and barrier instead of two.
+static void resume(Worker* w, int i) {
+    enter(w, i);
 #if XT_HAVE_ASM_SWITCH
-    if (w->L->mode == FIBERS) { xt_switch_ctx(&w->sched_sp, t.sp); return; }
+    if (w->L->mode == FIBERS) { xt_switch_ctx(&w->sched_sp, w->th[i].sp); return; }
 #endif
-    swapcontext(&w->sched_uc, &t.uc);
+    swapcontext(&w->sched_uc, w->th[i].uc.get());
+}
+
+// CUDA thread i stops (it waits or has finished): run the next fiber of the round, or go back
+// to the scheduler when there is none.
+static void leave(Worker* w, int i) {
+#if XT_HAVE_ASM_SWITCH
+    if (w->L->mode == FIBERS) {
+        int j = next_ready(w, i);
+        if (j < 0) { xt_switch_ctx(&w->th[i].sp, w->sched_sp); return; }
+        enter(w, j);
+        xt_switch_ctx(&w->th[i].sp, w->th[j].sp);
+        return;
+    }
+#endif
+    swapcontext(w->th[i].uc.get(), &w->sched_uc);
 }
 
 static void settle(Worker* w);
@@ -229,7 +277,7 @@ static void yield() {
         return;
     }
 #endif
-    swapcontext(&w->th[i].uc, &w->sched_uc);
+    swapcontext(w->th[i].uc.get(), &w->sched_uc);
 }
 
 // An error detected inside a CUDA thread: record it and stop this thread.
@@ -267,7 +315,7 @@ static void wait_at(St state, int line, Op op = Op::None, uint64_t value = 0, in
     t.value = value;
     t.arg = arg;
     t.width = width;
-    if (!threads) { yield(); return; }
+    if (!threads) { leave(w, t_index); return; }
     w->running--;
     settle(w);
     t.wake->wait(lock, [&] { return t.state == St::Ready || w->aborting; });
@@ -345,6 +393,7 @@ static int release_warps(Worker* w) {
             }
         }
         if (!live || !ready) continue;
+        if (w->L->sanitize) w->wep[base / 32]++;  // the lanes have met: a new warp epoch
         uint64_t ballot = 0;
         bool any = false, all = true;
         for (int l = 0; l < n; l++) {
@@ -399,6 +448,7 @@ static int complete_barriers(Worker* w, int live) {
             return -1;
         }
         for (int i = 0; i < T; i++) if (w->th[i].state == St::Sync) w->th[i].state = St::Ready;
+        w->epoch++;
         return nsync;
     }
     int released = release_warps(w);
@@ -466,6 +516,7 @@ static bool run_block(Worker* w) {
     Launch* L = w->L;
     const int T = w->nthreads;
     w->gen++;  // static __shared__ sites are NaN-filled when first reached in this block
+    if (L->sanitize) { w->epoch = 0; w->wep.assign((T + 31) / 32, 0); }
     w->block_static = 0;
     if (L->shmem) std::memset(w->dyn, 0xFF, L->shmem);  // NaN everywhere: uninitialised reads show
     xt_tls.bid = w->bidx;
@@ -479,14 +530,16 @@ static bool run_block(Worker* w) {
     }
     if (L->mode == THREADS) return run_block_threads(w);
     for (int i = 0; i < T; i++) { w->th[i].state = St::Ready; w->th[i].started = false; }
-    int live = T;
+    w->fibers_live = T;
     for (;;) {
-        for (int i = 0; i < T; i++) {  // run every runnable fiber until it blocks or exits
-            if (w->th[i].state != St::Ready) continue;
+        // Run every runnable fiber, in thread order, until it blocks or exits. FIBERS: one
+        // resume starts a chain through all of them; UCONTEXT: one resume each.
+        for (int i = next_ready(w, -1); i >= 0; i = next_ready(w, i)) {
             resume(w, i);
             if (!w->error.empty()) return false;
-            if (w->th[i].state == St::Done) live--;
+            if (L->mode == FIBERS && XT_HAVE_ASM_SWITCH) break;
         }
+        const int live = w->fibers_live;
         if (live == 0) return true;
         int released = complete_barriers(w, live);
         if (released < 0) return false;
@@ -626,7 +679,12 @@ struct ThreadPool {
 };
 static ThreadPool* g_pool = new ThreadPool;  // leaked on purpose: no destructor at exit
 
+}  // namespace xt
+#include "xtrain_sanitizer_runtime.h"
+namespace xt {
+
 static int run_launch(Launch& L, int workers, char* err, unsigned long long errlen) {
+    SanitizerSignals signals(L.sanitize);
     try {
         if (L.mode == FIBERS && !XT_HAVE_ASM_SWITCH) L.mode = UCONTEXT;
         L.nblocks = (long long)L.grid.x * L.grid.y * L.grid.z;
@@ -679,6 +737,11 @@ XT_EXPORT char* xt_shared_site(const xt_site_t* site) {
 
 XT_EXPORT char* xt_dynamic_shared() { return t_w->dyn; }
 
+XT_EXPORT void xt_trap(int line) {
+    xt::fail("__trap() on line " + std::to_string(line) + " " + xt::where(xt::t_w));
+    std::abort();  // not reached: fail() stops this CUDA thread
+}
+
 XT_EXPORT long long xt_clock64() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
                std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -693,6 +756,8 @@ XT_EXPORT int xt_run(const xt_launch_t* in, char* err, unsigned long long errlen
     L.block = uint3{in->block[0], in->block[1], in->block[2]};
     L.shmem = in->shmem;
     L.mode = in->mode;
-    L.fast = in->fast != 0;
+    L.fast = (in->fast & 1) != 0;
+    L.sanitize = (in->fast & 2) != 0;
+    if (L.sanitize) { L.fast = false; L.mode = FIBERS; }  // the checks need one thread at a time
     return run_launch(L, in->workers, err, errlen);
 }

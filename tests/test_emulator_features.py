@@ -1,0 +1,232 @@
+"""The emulator runs CUDA as public teaching code writes it (tests/cuda_kernels/real_world.cu),
+checked against NumPy at sizes that are not multiples of the block."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from xtrain_lessons.runtime.cuda import CompileError, Kernel, KernelError, Module, RawModule
+
+SRC = Path(__file__).resolve().parent / "cuda_kernels" / "real_world.cu"
+TEMPLATES = ["block_sum_t<float, 128>", "block_sum_t<double, 64>"]
+
+
+@pytest.fixture(scope="module")
+def mod():
+    return Module(SRC, name_expressions=TEMPLATES, backend="cpu")
+
+
+def blocks(n, b):
+    return ((n + b - 1) // b,)
+
+
+def test_cache_hint_loads_and_stores_on_scalars_and_float4(mod):
+    n, n4 = 1003, 250
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(n).astype(np.float32)
+    y, y4 = np.zeros(n, np.float32), np.zeros((n4, 4), np.float32)
+    x4 = x[: 4 * n4].reshape(n4, 4).copy()
+    mod.get_function("cache_hints")(blocks(n, 128), (128,), (x, x4, y, y4, np.int32(n), np.int32(n4)))
+    np.testing.assert_allclose(y, 6 * x, rtol=1e-6)
+    np.testing.assert_allclose(y4, np.concatenate([2 * x4[:, :3], x4[:, 3:]], axis=1), rtol=1e-6)
+
+
+def test_cooperative_group_tiles(mod):
+    n, b = 150, 64  # 3 blocks; the last is partly past n
+    x = np.random.default_rng(1).integers(-20, 100, n).astype(np.int32)
+    grid = blocks(n, b)
+    total = grid[0] * b
+    out = np.zeros(9 * total, np.int32)
+    mod.get_function("cg_tiles")(grid, (b,), (x, out, np.int32(n)))
+    v = np.full(total, -1, np.int32)
+    v[:n] = x
+    t = v.reshape(-1, 8)  # tiles of 8
+    lane = np.arange(8)
+    expect = [
+        np.repeat(t[:, 2], 8),
+        np.where(lane + 1 < 8, np.roll(t, -1, axis=1), t).ravel(),
+        t[:, lane ^ 3].ravel(),
+        np.where(lane >= 2, np.roll(t, 2, axis=1), t).ravel(),
+        np.repeat((t > 50).any(axis=1), 8).astype(np.int32),
+        np.repeat((t > 0).all(axis=1), 8).astype(np.int32),
+        np.repeat(((t % 2 == 0) << lane).sum(axis=1), 8).astype(np.int32),
+        np.tile(np.repeat(np.arange(b // 8) * 100 + b // 8, 8), grid[0]),
+        np.repeat(t.sum(axis=1), 8),
+    ]
+    for k, e in enumerate(expect):
+        np.testing.assert_array_equal(out[k * total:(k + 1) * total], e, err_msg=f"row {k}")
+
+
+def test_cooperative_group_reduce_and_block_sync(mod):
+    n, b = 1000, 96  # 3 warps a block, 11 blocks, the last partial
+    x = np.random.default_rng(2).standard_normal(n).astype(np.float32)
+    grid = blocks(n, b)
+    warps = grid[0] * b // 32
+    ws, wm, bs = np.zeros(warps, np.float32), np.zeros(warps, np.float32), np.zeros(grid[0], np.float32)
+    mod.get_function("cg_warp_reduce")(grid, (b,), (x, ws, wm, bs, np.int32(n)))
+    padded = np.zeros(warps * 32, np.float32)
+    padded[:n] = x
+    live = (np.arange(warps * 32) < n).reshape(warps, 32)
+    np.testing.assert_allclose(ws, padded.reshape(warps, 32).sum(axis=1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(wm, np.where(live, padded.reshape(warps, 32), -np.inf).max(axis=1))
+    np.testing.assert_allclose(bs, np.add.reduceat(padded, np.arange(0, grid[0] * b, b)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("expr, dtype, block", [(TEMPLATES[0], np.float32, 128), (TEMPLATES[1], np.float64, 64)])
+def test_template_kernel_by_name_expression(mod, expr, dtype, block):
+    n = 1000
+    x = np.random.default_rng(3).standard_normal(n).astype(dtype)
+    grid = blocks(n, block)
+    out = np.zeros(grid[0], dtype)
+    k = mod.get_function(expr)
+    assert k.signature == f"const {'float' if dtype == np.float32 else 'double'}*, " \
+                          f"{'float' if dtype == np.float32 else 'double'}*, int"
+    k(grid, (block,), (x, out, np.int32(n)))
+    padded = np.zeros(grid[0] * block, dtype)
+    padded[:n] = x
+    np.testing.assert_allclose(out, padded.reshape(-1, block).sum(axis=1), rtol=1e-5 if dtype == np.float32 else 1e-12)
+
+
+def test_template_kernel_through_kernel_and_raw_module_api():
+    k = Kernel(SRC, "block_sum_t<float, 128>", backend="cpu")
+    x = np.ones(300, np.float32)
+    out = np.zeros(3, np.float32)
+    k((3,), (128,), (x, out, np.int32(300)))
+    np.testing.assert_array_equal(out, [128, 128, 44])
+    raw = RawModule(code=SRC.read_text(), name_expressions=["block_sum_t<double, 64>"], backend="cpu")
+    assert raw.get_function("block_sum_t<double, 64>").signature == "const double*, double*, int"
+    with pytest.raises(CompileError, match="name expression"):
+        Module(SRC, name_expressions=["no_such_kernel<int>"], backend="cpu")
+    with pytest.raises(CompileError, match="template kernel"):
+        Module(SRC, backend="cpu").get_function("block_sum_t")
+
+
+def test_constant_memory_set_from_the_host(mod):
+    p = np.array([0.5, -1.0, 0.25, 2.0], np.float32)
+    mod.set_global("poly", p)
+    g = mod.get_global("poly")
+    assert g.size == 16
+    back = np.zeros(4, np.float32)
+    g.copy_to_host(back.ctypes.data, back.nbytes)
+    np.testing.assert_array_equal(back, p)
+    x = np.linspace(-2, 2, 777).astype(np.float32)
+    y = np.zeros_like(x)
+    mod.get_function("horner")(blocks(777, 256), (256,), (x, y, np.int32(777)))
+    np.testing.assert_allclose(y, np.polyval(p[::-1].astype(np.float64), x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(KeyError, match="poly"):
+        mod.get_global("nope")
+    with pytest.raises(ValueError, match="16 bytes"):
+        mod.set_global("poly", np.zeros(5, np.float32))
+
+
+def test_nvcc_atomics(mod):
+    n = 1234
+    v = np.random.default_rng(4).integers(-1000, 1000, n).astype(np.int32)
+    counters = np.zeros(3, np.uint32)
+    minmax = np.array([2**31 - 1, -2**31], np.int32)
+    ll = np.array([2**63 - 1, -2**63], np.int64)
+    exch = np.zeros(1, np.uint64)
+    mod.get_function("atomics_nvcc")(blocks(n, 128), (128,), (v, counters, minmax, ll, exch, np.int32(n)))
+    inc = dec = 0
+    for _ in range(n):  # CUDA's definitions, step by step
+        inc = 0 if inc >= 9 else inc + 1
+        dec = 9 if dec == 0 or dec > 9 else dec - 1
+    np.testing.assert_array_equal(counters, [inc, dec, n])
+    np.testing.assert_array_equal(minmax, [v.min(), v.max()])
+    np.testing.assert_array_equal(ll, [int(v.min()) * 10**9, int(v.max()) * 10**9])
+    assert 1 <= exch[0] <= n
+
+
+def test_trap_stops_the_kernel_with_block_thread_and_line(mod):
+    x = np.zeros(300, np.int32)
+    x[277] = -1
+    with pytest.raises(KernelError, match=r"__trap\(\) on line \d+ in block \(2,0,0\), thread \(21,0,0\)"):
+        mod.get_function("trap_on_negative")(blocks(300, 128), (128,), (x, np.int32(300)))
+
+
+def test_half_and_bfloat16_pairs(mod):
+    import ml_dtypes
+    bf = ml_dtypes.bfloat16
+    n = 999
+    rng = np.random.default_rng(5)
+    a = rng.uniform(-4, 4, n).astype(np.float32)
+    b = rng.uniform(0.5, 4, n).astype(np.float32) * rng.choice([-1, 1], n).astype(np.float32)
+    out = np.zeros(8 * n, np.float32)
+    mod.get_function("half_ops")(blocks(n, 128), (128,), (a, b, out, np.int32(n)))
+    ha, hb = a.astype(np.float16), b.astype(np.float16)
+    h2 = ha + hb * hb  # __hadd2(h2, __hmul2(h2, h2)) on (a, b): x = a + a*a, y = b + b*b
+    ba, bb = a.astype(bf), b.astype(bf)
+    g2x = (ba * (ba + ba)).astype(np.float32)
+    g2y = (bb * (bb + bb)).astype(np.float32)
+    expect = [
+        (ha + hb), (ha * hb),
+        (ha.astype(np.float64) * hb + ha).astype(np.float16),
+        (ha + ha * ha), (hb + hb * hb),
+        g2x, bb.astype(np.float32) - g2y, (ba / bb),
+    ]
+    del h2
+    for k, e in enumerate(expect):
+        np.testing.assert_array_equal(out[k * n:(k + 1) * n], np.asarray(e).astype(np.float32), err_msg=f"row {k}")
+
+
+def test_half_conversions_match_numpy_bit_for_bit(mod):
+    """All 65536 half patterns to float; floats to half at ties, subnormals, the overflow edge."""
+    bits = np.arange(65536, dtype=np.uint16)
+    rng = np.random.default_rng(8)
+    special = np.array([65504, 65519.99, 65520, 1e9, 2.0**-24, 2.0**-25, 1.5 * 2.0**-25, 2.0**-14, 0.0, -0.0,
+                        np.inf, -np.inf, 1 + 2.0**-11, 1 + 3 * 2.0**-11, 2049, 2051], np.float32)
+    x = np.concatenate([special, rng.standard_normal(30000).astype(np.float32) * 10.0 ** rng.integers(-9, 6, 30000),
+                        bits.view(np.float16).astype(np.float32)[np.isfinite(bits.view(np.float16))]])
+    x = np.resize(x, 65536).astype(np.float32)
+    to_half, to_float = np.zeros(65536, np.uint16), np.zeros(65536, np.float32)
+    mod.get_function("half_convert")(blocks(65536, 256), (256,), (x, to_half, bits, to_float, np.int32(65536)))
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(to_half, x.astype(np.float16).view(np.uint16))
+    ref = bits.view(np.float16).astype(np.float32)
+    nan = np.isnan(ref)
+    np.testing.assert_array_equal(to_float[~nan].view(np.uint32), ref[~nan].view(np.uint32))
+    assert np.isnan(to_float[nan]).all()
+
+
+def test_user_lerp_and_max_do_not_clash(mod):
+    """real_world.cu defines lerp and a 3-argument max (it compiled for the fixture); lerp is the
+    user's: lerp(a, b, 0.5) of a float4's w component."""
+    x4 = np.arange(8, dtype=np.float32).reshape(2, 4)
+    y4 = np.zeros_like(x4)
+    mod.get_function("cache_hints")((1,), (32,), (x4.ravel(), x4, np.zeros(8, np.float32), y4, np.int32(0),
+                                                   np.int32(2)))
+    np.testing.assert_array_equal(y4[:, 3], x4[:, 3])
+
+
+def _gpu() -> bool:
+    from xtrain_lessons.runtime.device import gpu_available
+    return gpu_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs CuPy and an NVIDIA GPU")
+def test_module_gives_the_same_results_on_a_gpu():
+    """Template kernels by name expression, __constant__ memory and cooperative groups through
+    cupy.RawModule agree with the emulator."""
+    import cupy as cp
+    gpu, cpu = (Module(SRC, name_expressions=TEMPLATES, backend=b) for b in ("gpu", "cpu"))
+    x = np.random.default_rng(6).standard_normal(1000).astype(np.float32)
+    out_cpu, out_gpu = np.zeros(8, np.float32), cp.zeros(8, cp.float32)
+    cpu.get_function(TEMPLATES[0])((8,), (128,), (x, out_cpu, np.int32(1000)))
+    gpu.get_function(TEMPLATES[0])((8,), (128,), (cp.asarray(x), out_gpu, np.int32(1000)))
+    np.testing.assert_allclose(cp.asnumpy(out_gpu), out_cpu, rtol=1e-5, atol=1e-5)
+    p = np.array([0.5, -1.0, 0.25, 2.0], np.float32)
+    for m in (cpu, gpu):
+        m.set_global("poly", p)
+    y_cpu, y_gpu = np.zeros(1000, np.float32), cp.zeros(1000, cp.float32)
+    cpu.get_function("horner")((4,), (256,), (x, y_cpu, np.int32(1000)))
+    gpu.get_function("horner")((4,), (256,), (cp.asarray(x), y_gpu, np.int32(1000)))
+    np.testing.assert_allclose(cp.asnumpy(y_gpu), y_cpu, rtol=1e-5, atol=1e-5)
+    v = np.random.default_rng(7).integers(-20, 100, 150).astype(np.int32)
+    o_cpu, o_gpu = np.zeros(9 * 192, np.int32), cp.zeros(9 * 192, cp.int32)
+    cpu.get_function("cg_tiles")((3,), (64,), (v, o_cpu, np.int32(150)))
+    gpu.get_function("cg_tiles")((3,), (64,), (cp.asarray(v), o_gpu, np.int32(150)))
+    np.testing.assert_array_equal(cp.asnumpy(o_gpu), o_cpu)

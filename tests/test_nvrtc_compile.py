@@ -1,0 +1,84 @@
+"""Every kernel compiles with CuPy's own compiler, NVRTC, exactly as `Kernel` asks for it on a GPU.
+
+NVRTC needs no GPU: `cupy-cuda12x` with `nvidia-cuda-nvrtc-cu12` (the compiler) and
+`nvidia-cuda-runtime-cu12` (cuda_bf16.h, cuda_fp16.h) compile CUDA C to PTX on any machine.
+The options are the ones `cupy.RawKernel` builds from ours (CuPy's include folders, the CUDA
+headers it finds at run time, -ftz=true, --device-as-default-execution-space) plus an
+architecture, which a GPU would supply. This catches what nvcc forgives and NVRTC does not
+(nvcc includes math.h implicitly, so INFINITY compiled there and failed on a learner's GPU).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from xtrain_lessons.runtime.cuda import KERNELS_DIR, gpu_options
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = [*sorted(KERNELS_DIR.glob("*.cu")), *sorted((ROOT / "tests" / "cuda_kernels").glob("*.cu"))]
+ARCH = "-arch=compute_80"
+
+
+def _nvrtc():
+    try:
+        from cupy._core import core
+        from cupy_backends.cuda.libs import nvrtc
+        nvrtc.getVersion()
+        core.assemble_cupy_compiler_options  # how RawKernel builds its options (CuPy >= 13)
+        return core, nvrtc
+    except Exception as e:  # not installed, or no libnvrtc: the reason goes into the skip
+        pytest.skip(f"CuPy's NVRTC is not usable here ({type(e).__name__}: {e}); "
+                    "pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12")
+
+
+def nvrtc_compile(source: str, filename: str, options=(), name_expressions=()) -> str:
+    """PTX for `source`, compiled as cupy.RawKernel/RawModule would on a GPU; raise with the log."""
+    core, nvrtc = _nvrtc()
+    opts = core.assemble_cupy_compiler_options(tuple(options))
+    opts += ("-ftz=true", ARCH, "--device-as-default-execution-space")
+    prog = nvrtc.createProgram(source, Path(filename).name, (), ())
+    try:
+        for expr in name_expressions:
+            nvrtc.addNameExpression(prog, expr)
+        try:
+            nvrtc.compileProgram(prog, list(opts))
+        except nvrtc.NVRTCError:
+            raise AssertionError(f"NVRTC rejected {Path(filename).name}:\n{nvrtc.getProgramLog(prog)}") from None
+        ptx = nvrtc.getPTX(prog)
+        return ptx.decode() if isinstance(ptx, bytes) else ptx
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_nvrtc_compiles_every_kernel(source):
+    ptx = nvrtc_compile(source.read_text(), str(source), gpu_options((), str(source)))
+    assert ".entry" in ptx
+
+
+def _gemm_option_sets():
+    from xtrain_lessons.runtime.kernels.gemm import DEFAULTS, launch_config
+    return [launch_config(v, 100, 100)[2] for v in sorted(DEFAULTS)]
+
+
+@pytest.mark.parametrize("options", _gemm_option_sets(), ids=lambda o: " ".join(o) or "default")
+def test_nvrtc_compiles_gemm_with_its_launch_options(options):
+    path = KERNELS_DIR / "gemm.cu"
+    assert ".entry" in nvrtc_compile(path.read_text(), str(path), gpu_options(options, str(path)))
+
+
+def test_nvrtc_rejects_what_nvcc_forgives():
+    """The check can fail: INFINITY without math.h is the error T14's kernel had."""
+    src = 'extern "C" __global__ void k(float* x) { x[0] = -INFINITY; }'
+    with pytest.raises(AssertionError, match="INFINITY"):
+        nvrtc_compile(src, "k.cu")
+
+
+def test_nvrtc_compiles_template_kernels_by_name_expression():
+    """The name expressions the emulator's tests launch compile to entries with NVRTC too."""
+    path = ROOT / "tests" / "cuda_kernels" / "real_world.cu"
+    ptx = nvrtc_compile(path.read_text(), str(path), gpu_options((), str(path)),
+                        name_expressions=("block_sum_t<float, 128>", "block_sum_t<double, 64>"))
+    assert ptx.count(".entry") >= 10  # the 8 extern "C" kernels and both instantiations
