@@ -36,6 +36,7 @@ from xtrain_lessons.training.tokenizer import (
     atomic_write_bytes,
     eot_id,
     load_tokenizer,
+    safe_pieces,
     save_tokenizer,
     tokenizer_hash,
     train_tokenizer,
@@ -158,9 +159,16 @@ def prepare(text_path: str | os.PathLike, out_dir: str | os.PathLike, tokenizer,
 
     def encode_docs(texts: list[str]) -> np.ndarray:
         parts = []
-        for enc in tokenizer.encode_batch(texts, add_special_tokens=False):
-            parts.append(np.asarray(enc.ids, dtype=np.int64))
-            parts.append(np.array([eot], dtype=np.int64))
+        pieces, ends = [], set()  # a long document in pieces: the same ids, bounded memory
+        for text in texts:
+            pieces.extend(safe_pieces(text))
+            ends.add(len(pieces) - 1)
+        for i0 in range(0, len(pieces), 256):
+            batch = tokenizer.encode_batch(pieces[i0:i0 + 256], add_special_tokens=False)
+            for i, enc in enumerate(batch, start=i0):
+                parts.append(np.asarray(enc.ids, dtype=np.int64))
+                if i in ends:
+                    parts.append(np.array([eot], dtype=np.int64))
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     if len(docs) >= 2:
