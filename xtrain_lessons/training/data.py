@@ -163,13 +163,17 @@ def prepare(text_path: str | os.PathLike, out_dir: str | os.PathLike, tokenizer,
         for text in texts:
             pieces.extend(safe_pieces(text))
             ends.add(len(pieces) - 1)
-        for i0 in range(0, len(pieces), 256):
-            batch = tokenizer.encode_batch(pieces[i0:i0 + 256], add_special_tokens=False)
-            for i, enc in enumerate(batch, start=i0):
-                parts.append(np.asarray(enc.ids, dtype=np.int64))
+        i0 = 0
+        while i0 < len(pieces):  # batches of ~1M characters: the Encodings are ~200 B/token
+            i1, n = i0, 0
+            while i1 < len(pieces) and (n < (1 << 20) or i1 == i0):
+                n, i1 = n + len(pieces[i1]), i1 + 1
+            for i, enc in enumerate(tokenizer.encode_batch(pieces[i0:i1], add_special_tokens=False), start=i0):
+                parts.append(np.asarray(enc.ids, dtype=dtype))
                 if i in ends:
-                    parts.append(np.array([eot], dtype=np.int64))
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+                    parts.append(np.array([eot], dtype=dtype))
+            i0 = i1
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
     if len(docs) >= 2:
         train_idx, val_idx = split_documents(len(docs), val_fraction, seed)
