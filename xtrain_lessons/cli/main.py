@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if getattr(args, "device", None):
         os.environ["XTRAIN_DEVICE"] = args.device
+    debug_before = os.environ.get("XTRAIN_DEBUG")
     if getattr(args, "debug", None):
         os.environ["XTRAIN_DEBUG"] = "1"  # inherited by the workers of `xtrain launch`
     try:
@@ -81,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:  # noqa: BLE001 - expected failures become one line (cli/errors.py)
         return report(args.command, e)
+    finally:
+        if debug_before is None:
+            os.environ.pop("XTRAIN_DEBUG", None)
+        else:
+            os.environ["XTRAIN_DEBUG"] = debug_before
 
 
 if __name__ == "__main__":

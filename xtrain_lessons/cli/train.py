@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 from xtrain_lessons.interop.hf import ExportError, closed_loop_check, export_hf
 from xtrain_lessons.cli.errors import UsageError, report
@@ -116,15 +115,13 @@ def run(args: argparse.Namespace) -> int:
     overrides = {dest: getattr(args, dest) for _, dest, _, _ in _FLAGS if getattr(args, dest) is not None}
     if args.name:
         if "out" in overrides:
-            print("xtrain train: give --out or --name, not both", file=sys.stderr)
-            return 2
+            raise UsageError("give --out or --name, not both")
         overrides["out"] = f"runs/{args.name}"
     if args.model_set:
         model = {}
         for item in args.model_set:
             if "=" not in item:
-                print(f"xtrain train: --model expects KEY=VALUE, got {item!r}", file=sys.stderr)
-                return 2
+                raise UsageError(f"--model expects KEY=VALUE, got {item!r}")
             k, v = item.split("=", 1)
             model[k.strip()] = _parse_value(v.strip())
         overrides["model"] = model
@@ -135,9 +132,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.resume:
             if args.config:
-                print("xtrain train: --config cannot be combined with --resume "
-                      "(the run's own config.json is used; pass flags to change it)", file=sys.stderr)
-                return 2
+                raise UsageError("--config cannot be combined with --resume "
+                                 "(the run's own config.json is used; pass flags to change it)")
             overrides.pop("out", None)
             result = train(resume=args.resume, overrides=overrides, stop_at=args.stop_at,
                            progress=args.progress, from_checkpoint=args.from_checkpoint)

@@ -94,7 +94,7 @@ def is_disk_full(exc: BaseException) -> bool:
     """An ENOSPC/EDQUOT OSError, or safetensors' wrapping of one ("os error 28")."""
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
-    return isinstance(exc, SafetensorError) and "os error 28" in str(exc)
+    return isinstance(exc, SafetensorError) and ("os error 28" in str(exc) or "No space left" in str(exc))
 
 
 @dataclass
@@ -447,7 +447,7 @@ def load_checkpoint(path: str | os.PathLike, model=None, optimizer=None, *,
     ckpt = resolve_checkpoint(path)
     state = read_state(ckpt)
     files = state.get("files") or {}
-    check_identity(ckpt, state, expected_run_id, expected_config_hash)
+    check_identity(ckpt, state, None, None)  # the step; the run after the config diff below
 
     saved_cfg = state.get("model_config")
     if expected_model_config is None and model is not None and hasattr(model, "config") \
@@ -463,6 +463,8 @@ def load_checkpoint(path: str | os.PathLike, model=None, optimizer=None, *,
         raise CheckpointMismatchError(
             f"checkpoint {ckpt} was trained with tokenizer {th[:16]}…, but the tokenizer given "
             f"hashes to {expected_tokenizer_hash[:16]}… (token ids would mean different things)")
+
+    check_identity(ckpt, state, expected_run_id, expected_config_hash)
 
     if model is not None:
         tensors = _load_tensors(ckpt, MODEL_FILE, files.get(MODEL_FILE))

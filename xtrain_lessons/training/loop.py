@@ -678,7 +678,7 @@ class Trainer:
             "loss_last": run_losses[-1] if run_losses else p.last_loss,
             "loss_last_mean10": float(np.mean(run_losses[-10:])) if run_losses else None,
             "val_loss": val_losses[-1] if val_losses else self.last_val,
-            "val_ppl": math.exp(val_losses[-1]) if val_losses else None,
+            "val_ppl": math.exp(min(val_losses[-1], 50.0)) if val_losses else None,
             "wall_s_this_session": round(time.perf_counter() - self.t_start, 2),
             "train_s_this_session": round(self.train_time, 2),
             "tokens_per_s_this_session": (round(len(p.losses) * self.tokens_per_step / self.train_time, 1)
