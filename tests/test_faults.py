@@ -138,6 +138,35 @@ def test_sample_on_broken_or_foreign_folders(run, tmp_path, capsys):
     assert "tokenizer.json is not a valid tokenizer.json" in line
 
 
+def test_invalid_run_config(run, capsys):
+    step = run / "checkpoints" / "step_00000006"
+    state = json.loads((step / "state.json").read_text())
+    state["model_config"] = None  # the model config then comes from config.json
+    (step / "state.json").write_text(json.dumps(state))
+    conf = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**conf, "model": {**conf["model"], "dim": "x"}}))
+    assert "model config dim must be int, got 'x'" in fails(capsys, ["sample", run], 2)
+    (run / "config.json").write_text(json.dumps({**conf, "train": {**conf["train"], "steps": "x"}}))
+    line = fails(capsys, ["train", "--resume", run, "--no-progress"], 2)
+    assert f"{run / 'config.json'}: TrainConfig steps must be int, got 'x'" in line
+    (run / "config.json").write_text("{")
+    assert "config.json is not valid JSON" in fails(capsys, ["sample", run], 2)
+
+
+def test_disk_full_during_the_export(trained, tmp_path, capsys, monkeypatch):
+    from safetensors import SafetensorError
+
+    from xtrain_lessons.interop import hf
+
+    def full(*a, **k):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(hf, "save_file", full)
+    line = fails(capsys, ["export", trained, "--out", tmp_path / "hf"], 1)
+    assert "no space left on device" in line
+    assert list(tmp_path.iterdir()) == []  # no half-written folder
+
+
 def test_export_onto_a_file_and_import_of_a_bad_tokenizer(trained, tmp_path, capsys):
     f = tmp_path / "file.txt"
     f.write_text("x")

@@ -5,10 +5,13 @@ A checkpoint is a directory::
     <root>/step_00000500/
         model.safetensors       the parameters (name -> array)
         optimizer.safetensors   the optimizer's arrays (AdamW: "<name>.exp_avg", "<name>.exp_avg_sq")
-        state.json              step, model config, train config, optimizer scalars, RNG state
-                                (numpy Generator ``bit_generator.state``), data position,
-                                tokenizer hash, format version, and the SHA-256 of both files
-    <root>/latest               one line: the name of the newest complete checkpoint
+        state.json              step, run id, config hash, model config, train config,
+                                optimizer scalars, RNG state (numpy Generator
+                                ``bit_generator.state``), data position, tokenizer hash,
+                                format version, and the SHA-256 of both files
+    <root>/latest               one line: the name of the newest complete checkpoint (a step
+                                directory inside <root>; any other name is refused)
+    <root>/best                 one line: the checkpoint with the lowest loss (training keeps it)
 
 Crash safety. A checkpoint is written into a temporary directory next to its final place
 (``<root>/.tmp-step_…``), every file and the directory are fsync'ed, then the directory is
@@ -19,7 +22,8 @@ next save removes. Older checkpoints are pruned after ``latest`` moves (``keep_l
 
 Loading checks, with a clear message for each: missing files, truncated or corrupt
 safetensors (size and SHA-256 recorded at save time), an unknown format version, a model
-config that differs from the one expected, a tokenizer hash that differs.
+config that differs from the one expected, a tokenizer hash that differs, a step directory
+whose name is not its recorded step, a run id or config hash of another run.
 """
 
 from __future__ import annotations

@@ -93,6 +93,8 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
+        if not isinstance(d, dict):
+            raise ConfigError(f"expected a table of TrainConfig settings, got {type(d).__name__}")
         check_fields(cls, d, "TrainConfig")
         return cls(**d).validate()
 

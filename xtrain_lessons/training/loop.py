@@ -166,8 +166,12 @@ def resolve_config(cfg: TrainConfig | None, resume, overrides: dict | None):
     if resume is None:
         cfg = (cfg or TrainConfig()).replace(**overrides)
         return cfg.replace(out=str(Path(cfg.out) if cfg.out else default_run_dir())), None
-    conf = RunDir(resume).read_config()
-    base = TrainConfig.from_dict(conf["train"])
+    run = RunDir(resume)
+    conf = run.read_config()
+    try:
+        base = TrainConfig.from_dict(conf.get("train"))
+    except (ConfigError, TypeError) as e:
+        raise ConfigError(f"{run.config}: {e}") from None
     changed = sorted(k for k in overrides if k in RESUME_FIXED_FIELDS and overrides[k] != getattr(base, k))
     if changed:
         raise ValueError(f"cannot change {changed} when resuming (they define the model/data)")

@@ -42,6 +42,7 @@ from xtrain_lessons.training.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
+from xtrain_lessons.training.config import check_fields
 from xtrain_lessons.training.tokenizer import atomic_write_bytes, load_tokenizer, tokenizer_hash
 
 __all__ = ["RunDir", "RunDirError", "RunLock", "LoadedRun", "load_run", "save_run", "default_run_dir",
@@ -230,7 +231,9 @@ def load_run(path: str | os.PathLike) -> LoadedRun:
                           f"import it first with `xtrain import-hf {run} --out RUN_DIR`")
     ckpt = resolve_checkpoint(run)
     try:
-        model = Model(Config.from_dict(_model_config_of(ckpt, run)), seed=0)
+        mc = _model_config_of(ckpt, run)
+        check_fields(Config, mc, "model config")
+        model = Model(Config.from_dict(mc), seed=0)
     except (TypeError, ValueError, AttributeError) as e:
         raise RunDirError(f"the model config of {ckpt} is invalid ({e})") from None
     try:
