@@ -17,13 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
+from test_train import small_corpus
 
 from xtrain_lessons.cli import main
 from xtrain_lessons.training import checkpoint as ckpt_mod
 from xtrain_lessons.training.checkpoint import latest_checkpoint, list_checkpoints
-from xtrain_lessons.training.rundir import RunLock, RunDirError
-
-from test_train import small_corpus  # noqa: E402  (tests/ is on sys.path under pytest)
+from xtrain_lessons.training.rundir import RunDirError, RunLock
 
 FLAGS = ["--preset", "test", "--vocab-size", "300", "--steps", "6", "--batch-size", "4",
          "--seq-len", "16", "--max-lr", "1e-2", "--warmup", "2", "--eval-every", "2",

@@ -15,11 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
+from test_faults import FLAGS, corpus, trained  # the fixtures are shared
 
 from xtrain_lessons.cli import main
 from xtrain_lessons.training.checkpoint import latest_checkpoint
-
-from test_faults import FLAGS, corpus, trained  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
 XTRAIN = [sys.executable, "-m", "xtrain_lessons.cli.main"]
@@ -78,7 +77,7 @@ sys.exit(main.main(sys.argv[1:]))
 
 
 @pytest.mark.slow
-def test_kill_9_during_a_checkpoint_write_then_resume_is_exact(corpus, trained, tmp_path):  # noqa: F811
+def test_kill_9_during_a_checkpoint_write_then_resume_is_exact(corpus, trained, tmp_path):
     run = tmp_path / "killed"
     p = subprocess.run([sys.executable, "-c", DIE_IN_SECOND_CHECKPOINT, "train", "--data", str(corpus),
                         "--out", str(run), *FLAGS], env=_env(), capture_output=True, text=True, timeout=120)
@@ -96,7 +95,7 @@ def test_kill_9_during_a_checkpoint_write_then_resume_is_exact(corpus, trained, 
 
 
 @pytest.mark.slow
-def test_sigterm_saves_a_checkpoint_and_exits(corpus, tmp_path):  # noqa: F811
+def test_sigterm_saves_a_checkpoint_and_exits(corpus, tmp_path):
     run = tmp_path / "term"
     p = subprocess.Popen([*XTRAIN, "train", "--data", str(corpus), "--out", str(run), *LONG], env=_env(),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -115,7 +114,7 @@ def test_sigterm_saves_a_checkpoint_and_exits(corpus, tmp_path):  # noqa: F811
     assert not (run / ".lock").exists()
 
 
-def _launch(corpus, run):  # noqa: F811
+def _launch(corpus, run):
     return subprocess.Popen([*XTRAIN, "launch", "--nproc", "2", "--grace", "30", "--max-time", "150", "--",
                              "xtrain", "train", "--data", str(corpus), "--out", str(run), *LONG],
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -123,7 +122,7 @@ def _launch(corpus, run):  # noqa: F811
 
 
 @pytest.mark.slow
-def test_launcher_forwards_sigterm_and_the_workers_checkpoint(corpus, tmp_path):  # noqa: F811
+def test_launcher_forwards_sigterm_and_the_workers_checkpoint(corpus, tmp_path):
     run = tmp_path / "dp"
     launcher = _launch(corpus, run)
     try:
@@ -144,7 +143,7 @@ def test_launcher_forwards_sigterm_and_the_workers_checkpoint(corpus, tmp_path):
 
 
 @pytest.mark.slow
-def test_launcher_sigkill_leaves_no_orphans(corpus, tmp_path):  # noqa: F811
+def test_launcher_sigkill_leaves_no_orphans(corpus, tmp_path):
     run = tmp_path / "dp"
     launcher = _launch(corpus, run)
     try:
@@ -165,7 +164,7 @@ def test_launcher_sigkill_leaves_no_orphans(corpus, tmp_path):  # noqa: F811
 
 
 @pytest.mark.slow
-def test_two_writers_of_one_run_directory(corpus, tmp_path, capsys):  # noqa: F811
+def test_two_writers_of_one_run_directory(corpus, tmp_path, capsys):
     run = tmp_path / "shared"
     first = subprocess.Popen([*XTRAIN, "train", "--data", str(corpus), "--out", str(run), *LONG], env=_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
