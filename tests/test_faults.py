@@ -220,6 +220,14 @@ def test_corrupt_latest_names_the_previous_intact_one(run, capsys, how):
     assert f"--resume {run} --from-checkpoint step_00000004" in line
 
 
+def test_sample_on_a_corrupt_latest_names_the_previous_one(run, capsys):
+    CORRUPTIONS["flipped model"](run / "checkpoints" / "step_00000006")
+    line = fails(capsys, ["sample", run, "--max-new-tokens", "4"], 2)
+    prev = run / "checkpoints" / "step_00000004"
+    assert f"The previous intact checkpoint is {prev}" in line
+    assert main.main(["sample", str(prev), "--max-new-tokens", "4"]) == 0
+
+
 def test_resume_from_the_previous_checkpoint_is_exact(run, trained, capsys):
     CORRUPTIONS["flipped model"](run / "checkpoints" / "step_00000006")
     assert main.main(["train", "--resume", str(run), "--from-checkpoint", "step_00000004", "--no-progress",

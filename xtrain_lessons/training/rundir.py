@@ -36,8 +36,11 @@ from typing import Any, NamedTuple
 from xtrain_lessons.model.qwen3 import Config, Model
 from xtrain_lessons.training.checkpoint import (
     Checkpoint,
+    CheckpointCorruptError,
     CheckpointError,
+    CheckpointNotFoundError,
     load_checkpoint,
+    previous_intact,
     read_state,
     resolve_checkpoint,
     save_checkpoint,
@@ -240,7 +243,13 @@ def load_run(path: str | os.PathLike) -> LoadedRun:
         tok = load_tokenizer(_tokenizer_path(ckpt, run))
     except ValueError as e:
         raise RunDirError(str(e)) from e
-    loaded = load_checkpoint(ckpt, model, expected_tokenizer_hash=tokenizer_hash(tok))
+    try:
+        loaded = load_checkpoint(ckpt, model, expected_tokenizer_hash=tokenizer_hash(tok))
+    except (CheckpointCorruptError, CheckpointNotFoundError) as e:
+        prev = previous_intact(ckpt.parent, ckpt)
+        if prev is None:
+            raise
+        raise type(e)(f"{e}. The previous intact checkpoint is {prev}: give that path instead") from None
     return LoadedRun(model, tok, loaded)
 
 
