@@ -512,8 +512,11 @@ class Trainer:
         """The loss of the step (a device value when deferred), gradients in .grad."""
         cfg, model = self.cfg, self.model
         if cfg.accum_steps > 1 or self.ddp is not None:  # T16/T08: this rank's micro-batches,
-            return average_scalar(accumulate_gradients(   # one all-reduce at the end
+            loss_val = average_scalar(accumulate_gradients(   # one all-reduce at the end
                 model, micro_batches(x, y, cfg.accum_steps, self.rank, self.world), self.ddp))
+            if not self.deferred:  # the same mean on every rank: they all stop together
+                self._check_loss(loss_val, lr)
+            return loss_val
         loss = model.loss(x, y)
         loss_val = loss.data if self.deferred else float(loss.item())  # .item(): a sync
         if not self.deferred:
