@@ -4,7 +4,7 @@ CONTRIBUTING.md shows (`python tests/phase_map.py` prints it) and that the pytes
 
 PHASES = {
     "T00": ("welcome", ["course/checks.py", "course/notebooks.py", "course/doctor.py", "cli/main.py",
-                        "cli/notebooks.py", "cli/doctor.py"],
+                        "cli/errors.py", "cli/notebooks.py", "cli/doctor.py"],
             ["test_course.py", "test_notebook_pipeline.py", "test_doctor.py", "test_cli.py",
              "test_packaging.py", "test_book.py", "test_layers.py", "test_phase_map.py"]),
     "T01": ("devices_and_kernels", ["runtime/device.py", "runtime/cuda/", "runtime/kernels/vector_add.py"],
@@ -22,7 +22,7 @@ PHASES = {
                          "model/generate.py", "cli/train.py", "cli/sample.py", "cli/data.py"],
             ["test_train.py", "test_cli_train.py", "test_optim.py", "test_schedule.py", "test_data.py",
              "test_data_fetch.py", "test_tokenizer.py", "test_checkpoint.py", "test_generate.py",
-             "test_corpus.py"]),
+             "test_corpus.py", "test_faults.py"]),
     "T07": ("performance", ["runtime/cpu_threads.py", "runtime/kernels/adamw.py", "training/fused_adamw.py",
                             "measure/bench.py", "measure/profiler.py", "cli/bench.py"],
             ["test_cpu_threads.py", "test_profiler.py", "test_kernels_adamw.py"]),
@@ -37,7 +37,7 @@ PHASES = {
             ["test_flash_attention.py"]),
     "T15": ("gqa", ["model/gqa.py"], ["test_gqa.py"]),
     "T16": ("grad_accumulation", ["parallel/ddp.py"], ["test_accumulation.py"]),
-    "T17": ("launcher", ["parallel/launch.py", "cli/launch.py"], ["test_launcher.py"]),
+    "T17": ("launcher", ["parallel/launch.py", "cli/launch.py"], ["test_launcher.py", "test_faults_signals.py"]),
     "T18": ("dropout", ["model/dropout.py", "runtime/rng.py", "runtime/kernels/philox.py"],
             ["test_dropout.py", "test_rng.py"]),
     "T20": ("grpo", ["training/grpo.py", "training/rewards.py", "training/post_train.py", "cli/grpo.py", "measure/grpo_bench.py"],

@@ -61,13 +61,13 @@ def test_download_ok(server, tmp_path):
 
 
 def test_fetch_converts_to_eot_lines(server, tmp_path, capsys):
-    path = fetch("tinystories", tmp_path, url=f"{server}/stories.txt", progress=False)
+    path = fetch("tinystories", tmp_path, url=f"{server}/stories.txt", sha256=SHA, progress=False)
     assert path == tmp_path / "tinystories-valid.txt"
     text = path.read_text(encoding="utf-8")
     assert text == ("Once upon a time there was a cat.\nThe cat was happy.\n<|endoftext|>\n"
                     "Tom had a red ball. He liked to play.\n<|endoftext|>\nThe end. Café.\n")
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary or raw file left
-    assert SHA in capsys.readouterr().out  # unknown checksum: the computed one is printed
+    assert f"sha256 {SHA} OK" in capsys.readouterr().out
 
 
 def test_fetch_with_the_right_sha256(server, tmp_path, capsys):
@@ -89,7 +89,8 @@ def test_sha256_mismatch_leaves_no_file(server, tmp_path, capsys):
 def test_http_404_is_a_clear_error(server, tmp_path, capsys):
     with pytest.raises(FetchError, match="HTTP 404"):
         download(f"{server}/missing.txt", tmp_path / "m.txt", progress=False)
-    assert run_cli("fetch", "tinystories", "--out", tmp_path, "--url", f"{server}/nope", "--quiet") == 1
+    assert run_cli("fetch", "tinystories", "--out", tmp_path, "--url", f"{server}/nope", "--sha256", SHA,
+                   "--quiet") == 1
     assert "HTTP 404" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
@@ -110,7 +111,7 @@ def test_existing_file_survives_a_failed_download(server, tmp_path):
     dest = tmp_path / "tinystories-valid.txt"
     dest.write_text("old copy")
     with pytest.raises(FetchError):
-        fetch("tinystories", tmp_path, url=f"{server}/nope", progress=False)
+        fetch("tinystories", tmp_path, url=f"{server}/nope", sha256=SHA, progress=False)
     assert dest.read_text() == "old copy"
 
 

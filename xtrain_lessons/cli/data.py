@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from xtrain_lessons.cli.errors import report
 from xtrain_lessons.training.data import (
     TokenDataset,
     default_corpus_path,
@@ -115,5 +116,4 @@ def run(args: argparse.Namespace) -> int:
     try:
         return {"fetch": _fetch, "prepare": _prepare, "stats": _stats}[action](args)
     except (FetchError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return report("data", e, 1)

@@ -10,8 +10,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
+from xtrain_lessons.cli.errors import report
 from xtrain_lessons.interop.hf import ExportError, closed_loop_check, export_hf
 from xtrain_lessons.training.checkpoint import CheckpointError
 from xtrain_lessons.training.rundir import load_run
@@ -38,17 +38,16 @@ def run(args: argparse.Namespace) -> int:
         model, tok, ckpt = load_run(args.run_dir)
         out = export_hf(model, tok, args.out, dtype=args.dtype)
     except (ExportError, CheckpointError, FileNotFoundError, KeyError, ValueError) as e:
-        print(f"xtrain export: {e}", file=sys.stderr)
-        return 1
+        return report("export", e, 1)
     n = len(model.state_dict())
     print(f"exported {ckpt.path} -> {out} ({n} tensors, {model.n_params():,} parameters, {args.dtype})")
     if args.check:
-        report = closed_loop_check(model, tok, out, args.prompt or DEFAULT_PROMPTS, args.tokens)
-        print(report["summary"])
-        if report.get("available"):
+        result = closed_loop_check(model, tok, out, args.prompt or DEFAULT_PROMPTS, args.tokens)
+        print(result["summary"])
+        if result.get("available"):
             # fp32 must match exactly; bf16 may part ways on near-ties (reported, not failed)
-            if report["tokenizer_ids_equal"] is False:
+            if result["tokenizer_ids_equal"] is False:
                 return 1
-            if args.dtype == "float32" and not all(report["greedy_identical"]):
+            if args.dtype == "float32" and not all(result["greedy_identical"]):
                 return 1
     return 0

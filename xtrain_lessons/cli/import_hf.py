@@ -8,8 +8,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
+from xtrain_lessons.cli.errors import report
 from xtrain_lessons.interop.hf import ExportError, import_hf
 from xtrain_lessons.training.checkpoint import CheckpointError
 from xtrain_lessons.training.rundir import save_run
@@ -26,7 +26,6 @@ def run(args: argparse.Namespace) -> int:
         model, tok = import_hf(args.hf_dir)
         ckpt = save_run(model, tok, args.out, source=str(args.hf_dir))
     except (ExportError, CheckpointError, FileNotFoundError, KeyError, ValueError) as e:
-        print(f"xtrain import-hf: {e}", file=sys.stderr)
-        return 1
+        return report("import-hf", e, 1)
     print(f"imported {args.hf_dir} -> {ckpt} ({model.n_params():,} parameters)")
     return 0

@@ -17,8 +17,8 @@ that code, naming the rank. --max-time bounds the whole run. Ctrl-C stops every 
 from __future__ import annotations
 
 import argparse
-import sys
 
+from xtrain_lessons.cli.errors import report
 from xtrain_lessons.parallel.launch import launch
 
 
@@ -41,5 +41,4 @@ def run(args: argparse.Namespace) -> int:
     try:
         return launch(cmd, args.nproc, args.master_addr, args.master_port or None, args.max_time, args.grace)
     except ValueError as e:
-        print(f"xtrain launch: error: {e}", file=sys.stderr)
-        return 2
+        return report("launch", e, 2)

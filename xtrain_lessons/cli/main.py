@@ -15,6 +15,7 @@ import os
 import sys
 
 from xtrain_lessons import __version__
+from xtrain_lessons.cli.errors import report
 
 # (subcommand name, module that implements it)
 SUBCOMMANDS: list[tuple[str, str]] = [
@@ -39,6 +40,8 @@ def _add_device_flag(parser: argparse.ArgumentParser) -> None:
         help="array backend: cpu (NumPy), cuda (CuPy) or auto (cuda when a GPU is usable); "
         "default: $XTRAIN_DEVICE, else auto",
     )
+    parser.add_argument("--debug", action="store_true", default=None,
+                        help="show the Python traceback of an error (also: XTRAIN_DEBUG=1)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,11 +73,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if getattr(args, "device", None):
         os.environ["XTRAIN_DEVICE"] = args.device
+    debug_before = os.environ.get("XTRAIN_DEBUG")
+    if getattr(args, "debug", None):
+        os.environ["XTRAIN_DEBUG"] = "1"  # inherited by the workers of `xtrain launch`
     try:
         return int(args._module.run(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - expected failures become one line (cli/errors.py)
+        return report(args.command, e)
+    finally:
+        if debug_before is None:
+            os.environ.pop("XTRAIN_DEBUG", None)
+        else:
+            os.environ["XTRAIN_DEBUG"] = debug_before
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ Settings come from, in increasing priority: the defaults (xtrain_lessons.trainin
     xtrain train --attention flash --recompute --dropout 0.1   # T13, T14, T18 switches
 At the end the model is exported to RUN_DIR/hf/ in the Hugging Face layout (T09) and, when
 transformers is installed, loaded there and compared with the engine (greedy tokens, logits).
-Ctrl-C stops at the end of the current step and saves a checkpoint. The default schedule
+Ctrl-C (or SIGTERM) stops at the end of the current step and saves a checkpoint. The default schedule
 (no --steps, no --config) also stops, with a checkpoint, after 540 s of wall time, so it fits
 in 10 minutes even on a slow or busy machine; --time-limit changes that.
 """
@@ -26,10 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 from xtrain_lessons.interop.hf import ExportError, closed_loop_check, export_hf
-from xtrain_lessons.parallel.collectives import DistributedError
+from xtrain_lessons.cli.errors import UsageError, report
+from xtrain_lessons.training.checkpoint import CheckpointError
 from xtrain_lessons.training.config import DEFAULT_RUN_TIME_LIMIT, TrainConfig
 from xtrain_lessons.training.loop import train
 
@@ -49,6 +49,8 @@ _FLAGS = [
     ("--warmup", "warmup", int, "linear warmup steps"),
     ("--weight-decay", "weight_decay", float, "AdamW decoupled weight decay (2-D weights only)"),
     ("--grad-clip", "grad_clip", float, "global gradient-norm clip (0: off)"),
+    ("--spike-factor", "spike_factor", float, "stop when a loss exceeds this x the lowest so far "
+     "(divergence guard; 0: off)"),
     ("--eval-every", "eval_every", int, "validation every N steps (0: never)"),
     ("--eval-batches", "eval_batches", int, "batches per validation"),
     ("--log-every", "log_every", int, "T07: steps between host synchronisations (loss, grad norm, NaN "
@@ -82,6 +84,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="TOML or JSON file of TrainConfig settings")
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its latest checkpoint")
+    parser.add_argument("--from-checkpoint", metavar="STEP_DIR", default=None,
+                        help="with --resume: continue from this checkpoint (e.g. step_00000400) instead "
+                        "of the latest; newer ones are set aside")
     parser.add_argument("--name", help="run directory runs/NAME (instead of --out)")
     for flag, dest, typ, hlp in _FLAGS:
         parser.add_argument(flag, dest=dest, type=typ, default=None, help=hlp)
@@ -110,15 +115,13 @@ def run(args: argparse.Namespace) -> int:
     overrides = {dest: getattr(args, dest) for _, dest, _, _ in _FLAGS if getattr(args, dest) is not None}
     if args.name:
         if "out" in overrides:
-            print("xtrain train: give --out or --name, not both", file=sys.stderr)
-            return 2
+            raise UsageError("give --out or --name, not both")
         overrides["out"] = f"runs/{args.name}"
     if args.model_set:
         model = {}
         for item in args.model_set:
             if "=" not in item:
-                print(f"xtrain train: --model expects KEY=VALUE, got {item!r}", file=sys.stderr)
-                return 2
+                raise UsageError(f"--model expects KEY=VALUE, got {item!r}")
             k, v = item.split("=", 1)
             model[k.strip()] = _parse_value(v.strip())
         overrides["model"] = model
@@ -129,24 +132,21 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.resume:
             if args.config:
-                print("xtrain train: --config cannot be combined with --resume "
-                      "(the run's own config.json is used; pass flags to change it)", file=sys.stderr)
-                return 2
+                raise UsageError("--config cannot be combined with --resume "
+                                 "(the run's own config.json is used; pass flags to change it)")
             overrides.pop("out", None)
             result = train(resume=args.resume, overrides=overrides, stop_at=args.stop_at,
-                           progress=args.progress)
+                           progress=args.progress, from_checkpoint=args.from_checkpoint)
         else:
+            if args.from_checkpoint:
+                raise UsageError("--from-checkpoint needs --resume RUN_DIR")
             cfg = TrainConfig.from_file(args.config) if args.config else TrainConfig()
             if not args.config and "steps" not in overrides and "time_limit" not in overrides:
                 # the default schedule is promised to fit in 10 minutes: guard it on slow machines
                 overrides["time_limit"] = DEFAULT_RUN_TIME_LIMIT
             result = train(cfg, overrides=overrides, stop_at=args.stop_at, progress=args.progress)
     except (ValueError, FileNotFoundError) as e:
-        print(f"xtrain train: error: {e}", file=sys.stderr)
-        return 2
-    except DistributedError as e:  # T17: a peer died or timed out; the launcher stops the rest
-        print(f"xtrain train: error: {e}", file=sys.stderr)
-        return 1
+        return report("train", e, 2 if not isinstance(e, CheckpointError) else 1)
     if result.status == "diverged":
         return 1
     if result.status == "interrupted":

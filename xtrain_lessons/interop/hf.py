@@ -269,6 +269,8 @@ def export_hf(model, tokenizer, out_dir, dtype: str = "float32") -> Path:
     tensors = {n: _to_dtype(state[n], dtype) for n in names}
 
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {out} is a file: give a folder to write the Hugging Face model to")
     if out.exists() and any(out.iterdir()) and not _is_hf_folder(out):
         raise ExportError(f"{out} exists and is not an earlier export (no Hugging Face "
                           f"config.json): refusing to replace it")
@@ -362,7 +364,10 @@ def import_hf(hf_dir) -> tuple:
     tok_path = d / "tokenizer.json"
     if not tok_path.is_file():
         raise ExportError(f"{d} has no tokenizer.json (only fast tokenizers can be imported)")
-    return model, Tokenizer.from_file(str(tok_path))
+    try:
+        return model, Tokenizer.from_file(str(tok_path))
+    except Exception as e:  # tokenizers raises a bare Exception on a malformed file
+        raise ExportError(f"{tok_path} is not a readable tokenizer.json ({e})") from None
 
 
 # ----- the closed loop with transformers -------------------------------------------------

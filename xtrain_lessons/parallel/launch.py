@@ -11,11 +11,18 @@ torchrun sets, so a script written for one runs under the other. OMP_NUM_THREADS
 
 The launcher never hangs on a broken group: when a worker exits with a non-zero code, the
 others are stopped (SIGTERM, then SIGKILL after --grace seconds) and the launcher exits with
-that code, naming the rank. --max-time bounds the whole run. Ctrl-C stops every worker.
+that code, naming the rank. --max-time bounds the whole run. Ctrl-C or SIGTERM to the launcher
+is forwarded to every worker (which checkpoint and exit), then SIGKILL after --grace seconds.
+
+No orphans: each worker runs in its own process group (a signal reaches what it starts too)
+and, on Linux, asks the kernel to SIGKILL it when the launcher dies (PR_SET_PDEATHSIG), so
+even a `kill -9` of the launcher takes its workers with it.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import signal
 import socket
@@ -50,20 +57,64 @@ def _command(cmd: list[str]) -> list[str]:
     return cmd
 
 
-def _stop(procs, grace: float) -> None:
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with(parent_pid: int):
+    """A preexec_fn: this child gets SIGKILL when `parent_pid` (the launcher) dies."""
+    def preexec():
+        if not sys.platform.startswith("linux"):
+            return
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+            os._exit(1)
+    return preexec
+
+
+def _signal(procs, sig) -> None:
+    """`sig` to each live worker's process group (the worker and what it started)."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _stop(procs, grace: float, sig=signal.SIGTERM) -> None:
     alive = [p for p in procs if p.poll() is None]
-    for p in alive:
-        try:
-            p.send_signal(signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    _signal(alive, sig)
     deadline = time.monotonic() + grace
     for p in alive:
         try:
             p.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            p.kill()
+            _signal([p], signal.SIGKILL)
             p.wait(timeout=10)
+
+
+class _Signals:
+    """While active, SIGINT/SIGTERM to the launcher only record which came (the loop forwards it)."""
+
+    def __init__(self):
+        self.got, self._old = None, {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[sig] = signal.signal(sig, self._handler)
+            except ValueError:  # not the main thread
+                pass
+        return self
+
+    def _handler(self, signum, frame):
+        self.got = signum
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        return False
 
 
 def launch(cmd: list[str], nproc: int, master_addr: str = "127.0.0.1", master_port: int | None = None,
@@ -79,26 +130,37 @@ def launch(cmd: list[str], nproc: int, master_addr: str = "127.0.0.1", master_po
     argv = _command(cmd)
     procs = []
     t0 = time.monotonic()
-    try:
-        for r in range(nproc):
-            procs.append(subprocess.Popen(argv, env=worker_env(r, nproc, master_addr, port)))
-        while True:
-            codes = [p.poll() for p in procs]
-            bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-            if bad:
-                r, c = bad[0]  # polled often: the first to fail, before the others notice it
-                log(f"xtrain launch: rank {r} exited with code {c}; stopping the other workers")
-                _stop(procs, grace)
-                return c if c > 0 else 1
-            if all(c == 0 for c in codes):
-                return 0
-            if max_time and time.monotonic() - t0 > max_time:
-                running = [r for r, c in enumerate(codes) if c is None]
-                log(f"xtrain launch: --max-time {max_time:.0f}s exceeded; stopping rank(s) {running}")
-                _stop(procs, grace)
-                return 124
-            time.sleep(0.01)
-    except KeyboardInterrupt:
-        log("xtrain launch: interrupted; stopping the workers")
-        _stop(procs, grace)
-        return 130
+    with _Signals() as got:
+        try:
+            for r in range(nproc):
+                procs.append(subprocess.Popen(argv, env=worker_env(r, nproc, master_addr, port),
+                                              process_group=0, preexec_fn=_die_with(os.getpid())))
+            return _watch(procs, got, t0, max_time, grace, log)
+        except BaseException:
+            _stop(procs, 0.0, signal.SIGKILL)  # never leave workers behind
+            raise
+
+
+def _watch(procs, got, t0, max_time, grace, log) -> int:
+    """Poll the workers until all succeed, one fails, time runs out or a signal comes."""
+    while True:
+        if got.got is not None:
+            name = signal.Signals(got.got).name
+            log(f"xtrain launch: {name}; forwarding it to the workers (SIGKILL after {grace:.0f}s)")
+            _stop(procs, grace, got.got)
+            return 128 + got.got
+        codes = [p.poll() for p in procs]
+        bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if bad:
+            r, c = bad[0]  # polled often: the first to fail, before the others notice it
+            log(f"xtrain launch: rank {r} exited with code {c}; stopping the other workers")
+            _stop(procs, grace)
+            return c if c > 0 else 1
+        if all(c == 0 for c in codes):
+            return 0
+        if max_time and time.monotonic() - t0 > max_time:
+            running = [r for r, c in enumerate(codes) if c is None]
+            log(f"xtrain launch: --max-time {max_time:.0f}s exceeded; stopping rank(s) {running}")
+            _stop(procs, grace)
+            return 124
+        time.sleep(0.01)

@@ -5,10 +5,13 @@ A checkpoint is a directory::
     <root>/step_00000500/
         model.safetensors       the parameters (name -> array)
         optimizer.safetensors   the optimizer's arrays (AdamW: "<name>.exp_avg", "<name>.exp_avg_sq")
-        state.json              step, model config, train config, optimizer scalars, RNG state
-                                (numpy Generator ``bit_generator.state``), data position,
-                                tokenizer hash, format version, and the SHA-256 of both files
-    <root>/latest               one line: the name of the newest complete checkpoint
+        state.json              step, run id, config hash, model config, train config,
+                                optimizer scalars, RNG state (numpy Generator
+                                ``bit_generator.state``), data position, tokenizer hash,
+                                format version, and the SHA-256 of both files
+    <root>/latest               one line: the name of the newest complete checkpoint (a step
+                                directory inside <root>; any other name is refused)
+    <root>/best                 one line: the checkpoint with the lowest loss (training keeps it)
 
 Crash safety. A checkpoint is written into a temporary directory next to its final place
 (``<root>/.tmp-step_…``), every file and the directory are fsync'ed, then the directory is
@@ -19,11 +22,13 @@ next save removes. Older checkpoints are pruned after ``latest`` moves (``keep_l
 
 Loading checks, with a clear message for each: missing files, truncated or corrupt
 safetensors (size and SHA-256 recorded at save time), an unknown format version, a model
-config that differs from the one expected, a tokenizer hash that differs.
+config that differs from the one expected, a tokenizer hash that differs, a step directory
+whose name is not its recorded step, a run id or config hash of another run.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -45,12 +50,17 @@ __all__ = [
     "CheckpointCorruptError",
     "CheckpointMismatchError",
     "CheckpointVersionError",
+    "CheckpointWriteError",
+    "is_disk_full",
     "save_checkpoint",
     "load_checkpoint",
     "resolve_checkpoint",
     "latest_checkpoint",
     "list_checkpoints",
     "rng_from_state",
+    "set_pointer",
+    "verify_checkpoint",
+    "previous_intact",
 ]
 
 FORMAT_VERSION = 1
@@ -78,6 +88,17 @@ class CheckpointMismatchError(CheckpointError):
 
 class CheckpointVersionError(CheckpointError):
     """Written by an incompatible version of the format."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (a full disk); nothing of it was kept."""
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """An ENOSPC/EDQUOT OSError, or safetensors' wrapping of one ("os error 28")."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return isinstance(exc, SafetensorError) and ("os error 28" in str(exc) or "No space left" in str(exc))
 
 
 @dataclass
@@ -185,10 +206,22 @@ def latest_checkpoint(root: str | os.PathLike) -> Path | None:
     root = Path(root)
     ptr = root / LATEST
     if ptr.exists():
-        name = ptr.read_text(encoding="utf-8").strip()
+        name = ptr.read_text(encoding="utf-8", errors="replace").strip()
         if name and (root / name / STATE_FILE).exists():
-            return root / name
+            return inside(root, name, ptr)
     return None
+
+
+def inside(root: Path, name: str, what: Path | str) -> Path:
+    """`root / name` when it is a step directory directly inside `root` (not a path that leaves
+    it, through `..`, an absolute path or a symbolic link); else CheckpointMismatchError."""
+    p = root / name
+    if (not name.startswith("step_") or Path(name).name != name
+            or p.resolve().parent != root.resolve()):
+        raise CheckpointMismatchError(
+            f"{what} names {name!r}, which is not a step directory inside {root}: a run resumes "
+            f"only its own checkpoints")
+    return p
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
@@ -203,7 +236,8 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         if (root / LATEST).exists():
             p = latest_checkpoint(root)
             if p is None:
-                name = (root / LATEST).read_text(encoding="utf-8").strip()
+                name = (root / LATEST).read_text(encoding="utf-8", errors="replace").strip()
+                inside(root, name, root / LATEST)
                 raise CheckpointNotFoundError(
                     f"{root / LATEST} names {name!r}, but {root / name / STATE_FILE} is missing")
             return p
@@ -217,13 +251,16 @@ def save_checkpoint(root: str | os.PathLike, step: int, model, optimizer=None, *
                     model_config: dict | None = None, train_config: dict | None = None,
                     rng: np.random.Generator | None = None, data_position: Any = None,
                     tokenizer_hash: str | None = None, extra: dict | None = None,
-                    keep_last: int | None = 2) -> Path:
+                    keep_last: int | None = 2, run_id: str | None = None,
+                    config_hash: str | None = None, keep: tuple[str, ...] = ()) -> Path:
     """Write ``<root>/step_<step>/`` atomically, point ``<root>/latest`` at it, prune old ones.
 
     ``model``: anything with ``state_dict() -> {name: array}`` (or such a dict itself).
     ``optimizer``: an ``xtrain_lessons.training.optim`` optimizer (or None). ``model_config`` defaults
-    to ``model.config.to_dict()``. ``keep_last``: how many checkpoints to keep (None: all).
-    Returns the checkpoint directory.
+    to ``model.config.to_dict()``. ``keep_last``: how many checkpoints to keep (None: all);
+    ``keep``: names never pruned (the best-validation one). ``run_id`` / ``config_hash``: the
+    run's identity, checked on resume. Returns the checkpoint directory. A failed write (a full
+    disk) removes its temporary directory and leaves ``latest`` and older checkpoints as they were.
     """
 
     root = Path(root)
@@ -256,6 +293,8 @@ def save_checkpoint(root: str | os.PathLike, step: int, model, optimizer=None, *
             "format": "xtrain-lessons-checkpoint",
             "format_version": FORMAT_VERSION,
             "step": int(step),
+            "run_id": run_id,
+            "config_hash": config_hash,
             "model_config": model_config,
             "train_config": train_config,
             "optimizer": optim_meta,
@@ -279,19 +318,27 @@ def save_checkpoint(root: str | os.PathLike, step: int, model, optimizer=None, *
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
-    ptr_tmp = root / f".tmp-latest-{uuid.uuid4().hex[:8]}"
-    with open(ptr_tmp, "w", encoding="utf-8") as f:
-        f.write(name + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(ptr_tmp, root / LATEST)
-    _fsync_dir(root)
-
+    set_pointer(root, LATEST, name)
     if keep_last is not None and keep_last > 0:
         for old in list_checkpoints(root)[:-keep_last]:
-            if old.name != name:
+            if old.name != name and old.name not in keep:
                 shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def set_pointer(root: Path, pointer: str, name: str) -> None:
+    """Atomically make ``<root>/<pointer>`` (``latest``, ``best``) name checkpoint ``name``."""
+    ptr_tmp = root / f".tmp-{pointer}-{uuid.uuid4().hex[:8]}"
+    try:
+        with open(ptr_tmp, "w", encoding="utf-8") as f:
+            f.write(name + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(ptr_tmp, root / pointer)
+    except BaseException:
+        ptr_tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(root)
 
 
 # ----- load ------------------------------------------------------------------------------
@@ -343,19 +390,68 @@ def _config_diff(saved: dict, expected: dict) -> list[str]:
             for k in keys if saved.get(k) != expected.get(k)]
 
 
+def check_identity(ckpt: Path, state: dict, run_id: str | None, config_hash: str | None) -> None:
+    """The checkpoint's step matches its directory name and it belongs to this run."""
+    step = state.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointCorruptError(f"{ckpt / STATE_FILE} records no valid step ({step!r})")
+    if ckpt.name.startswith("step_") and ckpt.name != step_dir_name(step):
+        raise CheckpointMismatchError(
+            f"{ckpt} records step {step}, but its directory is named {ckpt.name}: it was renamed or "
+            f"copied from elsewhere; it cannot be resumed")
+    saved = state.get("run_id")
+    if run_id is not None and saved is not None and saved != run_id:
+        raise CheckpointMismatchError(
+            f"{ckpt} belongs to run {saved}, not to this run ({run_id}): it was copied from another "
+            f"run; remove it, or resume the run it came from")
+    saved = state.get("config_hash")
+    if config_hash is not None and saved is not None and saved != config_hash:
+        raise CheckpointMismatchError(
+            f"{ckpt} was saved with a different model/data/seed configuration (config hash "
+            f"{saved[:12]}…, this run {config_hash[:12]}…): it cannot continue this run")
+
+
+def verify_checkpoint(ckpt: Path) -> None:
+    """Read state.json and check every file's size and SHA-256 (CheckpointError if not intact)."""
+    state = read_state(ckpt)
+    check_identity(ckpt, state, None, None)
+    for fname, info in (state.get("files") or {}).items():
+        p = ckpt / fname
+        if not p.is_file():
+            raise CheckpointNotFoundError(f"checkpoint {ckpt} is incomplete: {fname} is missing")
+        if info and (p.stat().st_size != info["bytes"] or _sha256(p) != info["sha256"]):
+            raise CheckpointCorruptError(f"{p} is truncated or altered (size or SHA-256 differs)")
+
+
+def previous_intact(root: Path, before: Path) -> Path | None:
+    """The newest intact checkpoint under ``root`` older than ``before`` (None if none)."""
+    for ckpt in reversed(list_checkpoints(root)):
+        if ckpt.name >= before.name:
+            continue
+        try:
+            verify_checkpoint(ckpt)
+            return ckpt
+        except CheckpointError:
+            continue
+    return None
+
+
 def load_checkpoint(path: str | os.PathLike, model=None, optimizer=None, *,
                     expected_model_config: dict | None = None,
-                    expected_tokenizer_hash: str | None = None) -> Checkpoint:
+                    expected_tokenizer_hash: str | None = None, expected_run_id: str | None = None,
+                    expected_config_hash: str | None = None) -> Checkpoint:
     """Load a checkpoint (a step directory, a checkpoints root, or a run directory).
 
     If ``model`` is given its parameters are overwritten in place (its config is checked
     against the saved one first); likewise ``optimizer``. ``expected_model_config`` /
-    ``expected_tokenizer_hash``, when given, must match what was saved. Raises a subclass of
+    ``expected_tokenizer_hash``, ``expected_run_id``, ``expected_config_hash``, when given,
+    must match what was saved (a step directory must also be named after its step). Raises a subclass of
     :class:`CheckpointError` with a message naming the problem.
     """
     ckpt = resolve_checkpoint(path)
     state = read_state(ckpt)
     files = state.get("files") or {}
+    check_identity(ckpt, state, None, None)  # the step; the run after the config diff below
 
     saved_cfg = state.get("model_config")
     if expected_model_config is None and model is not None and hasattr(model, "config") \
@@ -371,6 +467,8 @@ def load_checkpoint(path: str | os.PathLike, model=None, optimizer=None, *,
         raise CheckpointMismatchError(
             f"checkpoint {ckpt} was trained with tokenizer {th[:16]}…, but the tokenizer given "
             f"hashes to {expected_tokenizer_hash[:16]}… (token ids would mean different things)")
+
+    check_identity(ckpt, state, expected_run_id, expected_config_hash)
 
     if model is not None:
         tensors = _load_tensors(ckpt, MODEL_FILE, files.get(MODEL_FILE))

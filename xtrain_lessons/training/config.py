@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xtrain_lessons.model.qwen3 import PRESETS
+from xtrain_lessons.model.qwen3 import PRESETS, Config
 
-__all__ = ["TrainConfig", "DEFAULT_RUN_TIME_LIMIT", "model_config", "RESUME_FIXED_FIELDS"]
+__all__ = ["TrainConfig", "ConfigError", "DEFAULT_RUN_TIME_LIMIT", "model_config", "RESUME_FIXED_FIELDS",
+           "check_fields"]
+
+
+class ConfigError(ValueError):
+    """A setting with an unknown name, a wrong type or a value out of range (a usage error)."""
 
 #: fields that define the model and the data: a resumed run cannot change them
 RESUME_FIXED_FIELDS = frozenset({"preset", "model", "data", "tokenizer", "vocab_size", "val_fraction",
@@ -47,6 +53,8 @@ class TrainConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0          # 0 disables clipping (the norm is still logged)
+    spike_factor: float = 3.0       # stop (like a NaN) when a loss exceeds this x the lowest so
+                                    # far (on the CPU path, log_every 1); 0: no spike guard
     accum_steps: int = 1            # T16: micro-batches of batch_size per optimizer step (loss / N
                                     # each, one update); under `xtrain launch` (T17) every rank
                                     # takes batch_size rows: global batch = batch_size*accum*ranks
@@ -85,46 +93,93 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"TrainConfig: unknown keys {unknown}; known: {sorted(names)}")
+        if not isinstance(d, dict):
+            raise ConfigError(f"expected a table of TrainConfig settings, got {type(d).__name__}")
+        check_fields(cls, d, "TrainConfig")
         return cls(**d).validate()
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "TrainConfig":
         """Read a ``.toml`` or ``.json`` file (a ``[train]`` table, if present, is used)."""
         path = Path(path)
-        text = path.read_text(encoding="utf-8")
-        if path.suffix.lower() == ".toml":
-            d = tomllib.loads(text)
-        else:
-            d = json.loads(text)
+        if path.is_dir():
+            raise ConfigError(f"--config {path} is a directory, not a TOML or JSON file")
+        try:
+            text = path.read_text(encoding="utf-8")
+            d = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
+        except FileNotFoundError:
+            raise ConfigError(f"--config {path}: no such file") from None
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            kind = "TOML" if path.suffix.lower() == ".toml" else "JSON"
+            raise ConfigError(f"{path} is not valid {kind}: {e}") from None
+        if not isinstance(d, dict):
+            raise ConfigError(f"{path} must hold a table of TrainConfig settings")
         if "train" in d and isinstance(d["train"], dict):
             d = d["train"]
-        return cls.from_dict(d)
+        try:
+            return cls.from_dict(d)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
 
     def replace(self, **changes) -> "TrainConfig":
+        check_fields(type(self), changes, "TrainConfig")
         return dataclasses.replace(self, **changes).validate()
 
     def validate(self) -> "TrainConfig":
+        """Types and ranges of every field (the one place settings are checked); ConfigError."""
+        check_fields(type(self), self.to_dict(), "TrainConfig")
+        check_fields(Config, self.model, "model")
         for name in ("steps", "batch_size", "seq_len", "eval_batches", "vocab_size", "accum_steps"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"TrainConfig: {name} must be a positive integer, got {v!r}")
+            _require(getattr(self, name) > 0, name, "a positive integer", getattr(self, name))
         for name in ("warmup", "eval_every", "sample_every", "checkpoint_every", "keep_checkpoints",
                      "threads", "log_every"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 0:
-                zero = {"threads": "as the process has them", "log_every": "1 on the CPU, 10 on a GPU"}.get(name, "never")
-                raise ValueError(f"TrainConfig: {name} must be an integer >= 0 (0 = {zero}), got {v!r}")
-        if not (self.max_lr >= 0 and self.min_lr >= 0):
-            raise ValueError("TrainConfig: learning rates must be >= 0")
-        if not 0.0 < self.val_fraction < 1.0:
-            raise ValueError(f"TrainConfig: val_fraction must be in (0, 1), got {self.val_fraction}")
-        if self.dtype not in ("float32", "bf16"):
-            raise ValueError(f"TrainConfig: dtype must be 'float32' or 'bf16', got {self.dtype!r}")
+            zero = {"threads": "as the process has them", "log_every": "1 on the CPU, 10 on a GPU"}.get(name, "never")
+            _require(getattr(self, name) >= 0, name, f"an integer >= 0 (0 = {zero})", getattr(self, name))
+        for name in ("max_lr", "min_lr", "weight_decay", "grad_clip", "sample_temperature", "spike_factor"):
+            _require(_finite(getattr(self, name)) and getattr(self, name) >= 0, name, "a finite number >= 0",
+                     getattr(self, name))
+        _require(self.time_limit is None or (_finite(self.time_limit) and self.time_limit >= 0),
+                 "time_limit", "a finite number of seconds >= 0 (0: none)", self.time_limit)
+        _require(self.spike_factor == 0 or self.spike_factor > 1, "spike_factor", "0 (off) or > 1",
+                 self.spike_factor)
+        _require(self.sample_top_k is None or self.sample_top_k > 0, "sample_top_k", "None or >= 1",
+                 self.sample_top_k)
+        for name in ("beta1", "beta2"):
+            _require(0.0 <= getattr(self, name) < 1.0, name, "in [0, 1)", getattr(self, name))
+        _require(_finite(self.eps) and self.eps > 0, "eps", "a finite number > 0", self.eps)
+        _require(0.0 < self.val_fraction < 1.0, "val_fraction", "in (0, 1)", self.val_fraction)
+        _require(self.dtype in ("float32", "bf16"), "dtype", "'float32' or 'bf16'", self.dtype)
+        _require(self.preset in PRESETS, "preset", f"one of {sorted(PRESETS)}", self.preset)
         return self
+
+
+def _finite(v) -> bool:
+    return math.isfinite(v)
+
+
+def _require(ok: bool, name: str, what: str, value) -> None:
+    if not ok:
+        raise ConfigError(f"{name} must be {what}, got {value!r}")
+
+
+# annotation text -> the Python types a value of that field may have (bool is not a number here)
+_KINDS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,)}
+
+
+def check_fields(cls, values: dict, what: str) -> None:
+    """Every key of `values` is a field of dataclass `cls` and has its annotated type (ConfigError)."""
+    fields = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown {what} key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                          f"known: {', '.join(sorted(fields))}")
+    for name, v in values.items():
+        kinds = [k.strip() for k in fields[name].split("|")]
+        if v is None and "None" in kinds:
+            continue
+        types = tuple(t for k in kinds for t in _KINDS.get(k, ()))
+        if types and (not isinstance(v, types) or (isinstance(v, bool) and bool not in types)):
+            raise ConfigError(f"{what} {name} must be {' or '.join(k for k in kinds)}, got {v!r}")
 
 
 #: the time limit `xtrain train` applies to its default schedule (no --steps, no --config), so

@@ -36,6 +36,7 @@ from xtrain_lessons.training.tokenizer import (
     atomic_write_bytes,
     eot_id,
     load_tokenizer,
+    safe_pieces,
     save_tokenizer,
     tokenizer_hash,
     train_tokenizer,
@@ -158,10 +159,21 @@ def prepare(text_path: str | os.PathLike, out_dir: str | os.PathLike, tokenizer,
 
     def encode_docs(texts: list[str]) -> np.ndarray:
         parts = []
-        for enc in tokenizer.encode_batch(texts, add_special_tokens=False):
-            parts.append(np.asarray(enc.ids, dtype=np.int64))
-            parts.append(np.array([eot], dtype=np.int64))
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        pieces, ends = [], set()  # a long document in pieces: the same ids, bounded memory
+        for text in texts:
+            pieces.extend(safe_pieces(text))
+            ends.add(len(pieces) - 1)
+        i0 = 0
+        while i0 < len(pieces):  # batches of ~1M characters: the Encodings are ~200 B/token
+            i1, n = i0, 0
+            while i1 < len(pieces) and (n < (1 << 20) or i1 == i0):
+                n, i1 = n + len(pieces[i1]), i1 + 1
+            for i, enc in enumerate(tokenizer.encode_batch(pieces[i0:i1], add_special_tokens=False), start=i0):
+                parts.append(np.asarray(enc.ids, dtype=dtype))
+                if i in ends:
+                    parts.append(np.array([eot], dtype=dtype))
+            i0 = i1
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
     if len(docs) >= 2:
         train_idx, val_idx = split_documents(len(docs), val_fraction, seed)

@@ -21,8 +21,9 @@ from tqdm import tqdm
 
 from xtrain_lessons.training.tokenizer import EOT, atomic_write_bytes
 
-# Files `fetch` knows. sha256 None = not recorded yet: the computed one is printed instead
-# (pass --sha256 to enforce one). The sha256 is of the file as downloaded.
+# Files `fetch` knows, with the sha256 of the file as downloaded. None = not pinned: it could
+# not be computed from a verified download when this version was written (no network), so
+# `fetch` refuses to run without --sha256 rather than accept whatever bytes arrive.
 KNOWN_FILES = {
     "tinystories": {
         "url": "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/TinyStories-valid.txt",
@@ -104,15 +105,18 @@ def fetch(name: str, out_dir: str | os.PathLike = "data", url: str | None = None
     entry = KNOWN_FILES[name]
     url = url or entry["url"]
     sha256 = sha256 or entry["sha256"]
+    if sha256 is None:
+        raise FetchError(f"no sha256 is pinned for {name!r} in this version of xtrain-lessons, and a "
+                         f"download that cannot be verified is refused: pass --sha256 HEX (the checksum "
+                         f"of {entry['filename']} from a source you trust); nothing was downloaded")
+    if len(sha256) != 64 or any(c not in "0123456789abcdefABCDEF" for c in sha256):
+        raise FetchError(f"--sha256 must be 64 hexadecimal digits, got {sha256!r}")
     out_dir = Path(out_dir)
     dest = out_dir / entry["filename"]
     raw = out_dir / f".{entry['filename']}.download"  # hidden; removed below whatever happens
     digest = download(url, raw, sha256=sha256, progress=progress)
     try:
-        if sha256 is None:
-            print(f"sha256 {digest} (no known checksum to compare with; pass --sha256 to enforce one)")
-        else:
-            print(f"sha256 {digest} OK")
+        print(f"sha256 {digest} OK")
         data = raw.read_bytes()
         text = data.decode("utf-8", errors="replace")
         n_bad = text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")

@@ -43,7 +43,15 @@ step's update (and every later one) is skipped on the device; the values are rea
 steps (and before evaluating, sampling or saving), where the run stops the same way, with
 the weights of the last good step. On the CPU reading a value is free, so N = 1 there.
 Ctrl-C finishes the step in progress, saves a checkpoint and returns cleanly (a second
-Ctrl-C aborts at once).
+Ctrl-C aborts at once); SIGTERM (a scheduler, `docker stop`, the launcher) does the same.
+
+A loss spike (``spike_factor`` times the lowest training loss so far) stops the run like a
+NaN. Each checkpoint records its loss; ``checkpoints/best`` names the one with the lowest
+(validation loss where one was computed at that step, else training loss), which pruning
+keeps, and on a divergence ``latest`` is pointed at it, so what a resume continues is from
+before the divergence. A run directory has one writer (``rundir.RunLock``); checkpoints record
+the run id and config hash, and resume refuses those of another run. A corrupt latest
+checkpoint names the previous intact one, which ``from_checkpoint`` resumes.
 """
 
 from __future__ import annotations
@@ -73,14 +81,29 @@ from xtrain_lessons.parallel.ddp import (
 )
 from xtrain_lessons.runtime import cpu_threads
 from xtrain_lessons.runtime.device import array_module, get_device, to_device
-from xtrain_lessons.training.checkpoint import load_checkpoint, save_checkpoint
-from xtrain_lessons.training.config import RESUME_FIXED_FIELDS, TrainConfig, model_config
+from xtrain_lessons.training.checkpoint import (
+    CheckpointCorruptError,
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+    CheckpointWriteError,
+    inside,
+    is_disk_full,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    previous_intact,
+    read_state,
+    save_checkpoint,
+    set_pointer,
+    step_dir_name,
+)
+from xtrain_lessons.training.config import RESUME_FIXED_FIELDS, ConfigError, TrainConfig, model_config
 from xtrain_lessons.training.data import TokenDataset, default_corpus_path, prepare
 from xtrain_lessons.training.deferred import PendingSteps, TrainingDiverged
 from xtrain_lessons.training.fused_adamw import FusedAdamW
 from xtrain_lessons.training.metrics import last_sample, plot_metrics, read_metrics, truncate_after
 from xtrain_lessons.training.optim import AdamW, clip_grad_norm, global_grad_norm
-from xtrain_lessons.training.rundir import RunDir, default_run_dir
+from xtrain_lessons.training.rundir import RunDir, RunLock, config_hash, default_run_dir, new_run_id
 from xtrain_lessons.training.schedule import lr_at
 from xtrain_lessons.training.tokenizer import load_tokenizer, save_tokenizer, tokenizer_hash, train_tokenizer
 from xtrain_lessons.training.validation import evaluate, sample_text
@@ -102,23 +125,39 @@ class TrainResult:
 
 def train(cfg: TrainConfig | None = None, *, resume: str | os.PathLike | None = None,
           overrides: dict | None = None, stop_at: int | None = None, progress: bool | None = None,
-          log=None) -> TrainResult:
+          log=None, from_checkpoint: str | None = None) -> TrainResult:
     """Run (or continue) a training run. Returns a :class:`TrainResult`.
 
     ``resume``: a run directory; its ``config.json`` is the config, ``overrides`` change
     fields of it (e.g. ``{"steps": 2000}`` to extend). ``stop_at``: stop after that many
     steps (with a checkpoint) without changing the schedule, which still spans ``steps``.
     ``log``: a function taking a line of text (default: print above the progress bar).
+    ``from_checkpoint``: with ``resume``, the step directory (``step_00000400``) to continue
+    from instead of ``latest`` (e.g. the previous intact one when ``latest`` is corrupt).
     """
     t_start = time.perf_counter()
+    if stop_at is not None and (isinstance(stop_at, bool) or not isinstance(stop_at, int) or stop_at <= 0):
+        raise ConfigError(f"--stop-at must be a positive number of steps, got {stop_at!r}")
+    if from_checkpoint is not None and resume is None:
+        raise ConfigError("--from-checkpoint needs --resume RUN_DIR")
     cfg, conf = resolve_config(cfg, resume, overrides)
     run = Trainer(cfg, conf, progress=sys.stderr.isatty() if progress is None else progress,
                   log=log, t_start=t_start)
-    with cpu_threads.blas_threads_set(cfg.threads or _cores_per_process()):
+    # one writer per run directory (rank 0 writes for a whole `xtrain launch` group)
+    lock = RunLock(cfg.out) if os.environ.get("RANK", "0") == "0" else None
+    with lock or _nothing(), cpu_threads.blas_threads_set(cfg.threads or _cores_per_process()):
         run.setup()
-        run.resume() if conf is not None else run.start()
+        run.resume(from_checkpoint) if conf is not None else run.start()
         run.loop(cfg.steps if stop_at is None else min(cfg.steps, stop_at))
         return run.finish()
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
 def resolve_config(cfg: TrainConfig | None, resume, overrides: dict | None):
@@ -127,13 +166,22 @@ def resolve_config(cfg: TrainConfig | None, resume, overrides: dict | None):
     if resume is None:
         cfg = (cfg or TrainConfig()).replace(**overrides)
         return cfg.replace(out=str(Path(cfg.out) if cfg.out else default_run_dir())), None
-    conf = RunDir(resume).read_config()
-    base = TrainConfig.from_dict(conf["train"])
+    run = RunDir(resume)
+    conf = run.read_config()
+    try:
+        base = TrainConfig.from_dict(conf.get("train"))
+    except (ConfigError, TypeError) as e:
+        raise ConfigError(f"{run.config}: {e}") from None
     changed = sorted(k for k in overrides if k in RESUME_FIXED_FIELDS and overrides[k] != getattr(base, k))
     if changed:
         raise ValueError(f"cannot change {changed} when resuming (they define the model/data)")
     known = set(base.to_dict())
     return base.replace(**{k: v for k, v in overrides.items() if k in known}, out=str(resume)), conf
+
+
+def run_identity(conf: dict | None) -> str:
+    """The run id of a resumed run's config.json, or a new one."""
+    return (conf or {}).get("run_id") or new_run_id()
 
 
 def make_optimizer(params, cfg: TrainConfig, device: str):
@@ -152,28 +200,32 @@ def _cores_per_process() -> int:
 
 
 class _SigintDefer:
-    """While active, the first Ctrl-C only sets a flag (the loop stops at the next step
-    boundary); a second one raises KeyboardInterrupt at once."""
+    """While active, the first Ctrl-C or SIGTERM only sets a flag (the loop stops at the next
+    step boundary, with a checkpoint); a second one raises KeyboardInterrupt at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self):
         self.requested = False
-        self._old = None
+        self.signum = None
+        self._old = {}
 
     def __enter__(self):
-        try:
-            self._old = signal.signal(signal.SIGINT, self._handler)
-        except ValueError:  # not the main thread: leave Ctrl-C alone
-            self._old = None
+        for sig in self.SIGNALS:
+            try:
+                self._old[sig] = signal.signal(sig, self._handler)
+            except ValueError:  # not the main thread: leave the signals alone
+                pass
         return self
 
     def _handler(self, signum, frame):
         if self.requested:
             raise KeyboardInterrupt
-        self.requested = True
+        self.requested, self.signum = True, signum
 
     def __exit__(self, *exc):
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
         return False
 
 
@@ -190,6 +242,10 @@ class Trainer:
         self.last_val = None
         self.last_ckpt = None
         self.train_time = 0.0
+        self.run_id = run_identity(conf)
+        self.best = None  # (score, checkpoint name) of the best checkpoint
+        self.min_loss = math.inf  # the spike guard's reference
+        self.signum = None
 
     def say(self, msg: str) -> None:
         if self.rank:  # only rank 0 talks
@@ -226,6 +282,8 @@ class Trainer:
                                  f"with --resume {self.dir.path}, or choose another --out")
             if cfg.data is None:
                 self.cfg = cfg = cfg.replace(data=str(default_corpus_path()))
+            if Path(cfg.data).is_dir():
+                raise ConfigError(f"--data {cfg.data} is a directory: give a UTF-8 text file")
             if not Path(cfg.data).exists():
                 raise FileNotFoundError(f"training text not found: {cfg.data}")
         if not fresh:
@@ -263,6 +321,7 @@ class Trainer:
         self.mcfg = (Config.from_dict(self.conf["model"]) if self.conf is not None
                      else model_config(cfg, self.tok.get_vocab_size()))
         self.model = Model(self.mcfg, seed=cfg.seed)
+        self.cfg_hash = config_hash(cfg.to_dict(), self.mcfg.to_dict(), RESUME_FIXED_FIELDS)
         self.model.compute_dtype = cfg.dtype  # T12: bf16 compute copies of the float32 masters
         self.device = get_device()  # $XTRAIN_DEVICE / --device; "auto" is the CPU without a GPU
         if self.device == "cuda":  # parameters move once; batches are moved by the model itself
@@ -280,14 +339,63 @@ class Trainer:
         self.tokens_per_step = cfg.batch_size * cfg.accum_steps * self.world * cfg.seq_len
 
     # ----- resume or start -----------------------------------------------------------------
-    def resume(self) -> None:
-        """Weights, optimizer state, step and data stream of the run's latest checkpoint."""
-        ck = load_checkpoint(self.dir.path, self.model, self.opt, expected_model_config=self.mcfg.to_dict(),
-                             expected_tokenizer_hash=self.tok_hash)
+    def resume(self, from_checkpoint: str | None = None) -> None:
+        """Weights, optimizer state, step and data stream of the run's latest checkpoint (or of
+        `from_checkpoint`); checkpoints newer than it are set aside (renamed .abandoned-*)."""
+        ckpt = self._resume_point(from_checkpoint)
+        try:
+            ck = load_checkpoint(ckpt, self.model, self.opt, expected_model_config=self.mcfg.to_dict(),
+                                 expected_tokenizer_hash=self.tok_hash, expected_run_id=self.run_id,
+                                 expected_config_hash=self.cfg_hash)
+        except (CheckpointCorruptError, CheckpointNotFoundError, CheckpointMismatchError) as e:
+            raise type(e)(self._with_previous(str(e), ckpt)) from None
+        if not self.rank:
+            self._set_aside_newer(ck.path)
+            self._restore_best(ck.step)
         self.step, self.rng = ck.step, ck.rng()
         truncate_after(self.step, self.metrics_path, self.samples_path)  # those steps are redone
         self.say(f"resumed {self.dir.path} at step {self.step} (from {ck.path.name})")
         self._announce()
+
+    def _resume_point(self, from_checkpoint: str | None):
+        root = self.dir.checkpoints
+        if from_checkpoint is not None:
+            ckpt = inside(root, Path(from_checkpoint).name, "--from-checkpoint")
+            if not ckpt.is_dir():
+                have = ", ".join(p.name for p in list_checkpoints(root)) or "none"
+                raise CheckpointNotFoundError(f"--from-checkpoint: {ckpt} does not exist (checkpoints: {have})")
+            return ckpt
+        ptr = root / "latest"
+        if not ptr.is_file():
+            raise CheckpointNotFoundError(self._with_previous(
+                f"{self.dir.path} has no checkpoint to resume ({ptr} is missing)", root / "step_99999999"))
+        return inside(root, ptr.read_text(encoding="utf-8", errors="replace").strip(), ptr)
+
+    def _with_previous(self, msg: str, bad) -> str:
+        """`msg`, plus the previous intact checkpoint and how to resume from it."""
+        prev = previous_intact(self.dir.checkpoints, Path(bad))
+        if prev is None:
+            return msg + "; no intact checkpoint is left before it"
+        return (f"{msg}. The previous intact checkpoint is {prev.name}: continue from it with "
+                f"`xtrain train --resume {self.dir.path} --from-checkpoint {prev.name}`")
+
+    def _set_aside_newer(self, ckpt: Path) -> None:
+        for newer in list_checkpoints(ckpt.parent):
+            if newer.name > ckpt.name:
+                os.rename(newer, newer.parent / f".abandoned-{newer.name}-{os.getpid()}")
+                self.say(f"set aside {newer.name} (newer than {ckpt.name}) as .abandoned-{newer.name}-{os.getpid()}")
+        if latest_checkpoint(ckpt.parent) != ckpt:
+            set_pointer(ckpt.parent, "latest", ckpt.name)
+
+    def _restore_best(self, step: int) -> None:
+        ptr = self.dir.checkpoints / "best"
+        try:
+            best = inside(self.dir.checkpoints, ptr.read_text(encoding="utf-8").strip(), ptr)
+            score = read_state(best)["extra"].get("score")
+        except (OSError, ValueError, KeyError, AttributeError):
+            return
+        if score is not None and best.name <= step_dir_name(step):
+            self.best = (score, best.name)
 
     def start(self) -> None:
         for path in (self.metrics_path, self.samples_path):
@@ -298,7 +406,7 @@ class Trainer:
         """Write config.json, check the splits, and print the run's header line."""
         cfg, model = self.cfg, self.model
         if not self.rank:
-            self.dir.write_config({"train": cfg.to_dict(), "model": self.mcfg.to_dict(),
+            self.dir.write_config({"run_id": self.run_id, "train": cfg.to_dict(), "model": self.mcfg.to_dict(),
                                    "tokenizer_hash": self.tok_hash, "n_params": model.n_params(),
                                    "data": {"dir": "data", "source": cfg.data}})
         n_train = len(self.train_ds)
@@ -349,6 +457,7 @@ class Trainer:
             sigint.requested, over_time = agree_any([sigint.requested, over_time])
         if sigint.requested or over_time:
             self.status = "interrupted" if sigint.requested else "time_limit"
+            self.signum = sigint.signum
             return True
         self.sigint = sigint
         return False
@@ -403,18 +512,29 @@ class Trainer:
         """The loss of the step (a device value when deferred), gradients in .grad."""
         cfg, model = self.cfg, self.model
         if cfg.accum_steps > 1 or self.ddp is not None:  # T16/T08: this rank's micro-batches,
-            return average_scalar(accumulate_gradients(   # one all-reduce at the end
+            loss_val = average_scalar(accumulate_gradients(   # one all-reduce at the end
                 model, micro_batches(x, y, cfg.accum_steps, self.rank, self.world), self.ddp))
+            if not self.deferred:  # the same mean on every rank: they all stop together
+                self._check_loss(loss_val, lr)
+            return loss_val
         loss = model.loss(x, y)
         loss_val = loss.data if self.deferred else float(loss.item())  # .item(): a sync
-        if not self.deferred and not math.isfinite(loss_val):
-            raise TrainingDiverged(
-                f"loss is {loss_val} at step {self.step} (lr {lr:.3g}); stopping before the "
-                f"update. The last good checkpoint is left as it was; lower --max-lr "
-                f"or --grad-clip and resume.")
+        if not self.deferred:
+            self._check_loss(loss_val, lr)
         model.zero_grad()
         loss.backward()
         return loss_val
+
+    def _check_loss(self, loss_val: float, lr: float) -> None:
+        """Stop before the update on a non-finite loss or a spike (spike_factor x the lowest)."""
+        spike = self.cfg.spike_factor and loss_val > self.cfg.spike_factor * self.min_loss
+        if not math.isfinite(loss_val) or spike:
+            what = (f"loss {loss_val:.4g} is over {self.cfg.spike_factor:g} x the lowest so far "
+                    f"({self.min_loss:.4g})") if math.isfinite(loss_val) else f"loss is {loss_val}"
+            raise TrainingDiverged(
+                f"{what} at step {self.step} (lr {lr:.3g}); stopping before the update. "
+                f"Lower --max-lr or --grad-clip and resume.")
+        self.min_loss = min(self.min_loss, loss_val)
 
     def _at_logging_point(self, end: int) -> bool:
         cfg, step = self.cfg, self.step
@@ -458,6 +578,7 @@ class Trainer:
         cfg = self.cfg
         self.last_val = evaluate(self.model, self.val_ds, cfg.batch_size, cfg.seq_len, cfg.eval_batches,
                                  cfg.seed + 1_000_003)
+        self.val_step = self.step
         rec["val_loss"] = round(self.last_val, 6)
         rec["val_ppl"] = round(math.exp(min(self.last_val, 50.0)), 3)
         self.say(f"step {self.step:>6}: train loss {self.pending.last_loss:.4f}  val loss {self.last_val:.4f}  "
@@ -477,10 +598,26 @@ class Trainer:
         self.last_ckpt = self.step
         if self.rank:
             return
-        cfg = self.cfg
-        save_checkpoint(self.dir.checkpoints, self.step, self.model, self.opt, train_config=cfg.to_dict(),
-                        rng=self.rng, tokenizer_hash=self.tok_hash, keep_last=cfg.keep_checkpoints or None,
-                        data_position=None)
+        cfg, root, name = self.cfg, self.dir.checkpoints, step_dir_name(self.step)
+        evaluated = getattr(self, "val_step", None) == self.step and self.last_val is not None
+        score = self.last_val if evaluated else self.pending.last_loss
+        try:
+            save_checkpoint(root, self.step, self.model, self.opt, train_config=cfg.to_dict(),
+                            rng=self.rng, tokenizer_hash=self.tok_hash, keep_last=cfg.keep_checkpoints or None,
+                            data_position=None, run_id=self.run_id, config_hash=self.cfg_hash,
+                            keep=(self.best[1],) if self.best else (),
+                            extra={"score": score, "score_is": "val_loss" if evaluated else "train_loss"})
+        except Exception as e:
+            if not is_disk_full(e):
+                raise
+            prev = latest_checkpoint(root)
+            raise CheckpointWriteError(
+                f"no space left on device writing checkpoint {name} to {root}: nothing of it was kept, "
+                f"`latest` still names {prev.name if prev else 'no checkpoint'}; free some space, then "
+                f"`xtrain train --resume {self.dir.path}`") from None
+        if score is not None and math.isfinite(score) and (self.best is None or score <= self.best[0]):
+            self.best = (score, name)
+            set_pointer(root, "best", name)
 
     # ----- finish --------------------------------------------------------------------------
     def finish(self) -> TrainResult:
@@ -514,16 +651,28 @@ class Trainer:
         step = self.step
         if self.status == "diverged":
             self.say(f"TRAINING STOPPED: {self.message}")
+            self._latest_to_best()
             return
         if self.last_ckpt != step and step > 0:
             self.checkpoint()
         if self.status == "done" and step < self.cfg.steps:
             self.status = "stopped"
         if self.status == "interrupted":
-            self.say(f"interrupted: checkpoint saved at step {step}; continue with "
+            by = f" by {signal.Signals(self.signum).name}" if self.signum else ""
+            self.say(f"interrupted{by}: checkpoint saved at step {step}; continue with "
                      f"`xtrain train --resume {self.dir.path}`")
         if self.status == "time_limit":
             self.say(f"time limit reached at step {step}; checkpoint saved")
+
+    def _latest_to_best(self) -> None:
+        """After a divergence `latest` names the best checkpoint (lowest loss), from before it."""
+        root = self.dir.checkpoints
+        latest = latest_checkpoint(root) if not self.rank else None
+        if latest is None or self.best is None or self.best[1] == latest.name:
+            return
+        set_pointer(root, "latest", self.best[1])
+        self.say(f"latest now names {self.best[1]} (loss {self.best[0]:.4f}), the best checkpoint "
+                 f"saved before the divergence; {latest.name} is kept beside it")
 
     def _summary(self, metrics: list[dict], final_sample) -> dict:
         run_losses = [m["train_loss"] for m in metrics if "train_loss" in m]
@@ -536,7 +685,7 @@ class Trainer:
             "loss_last": run_losses[-1] if run_losses else p.last_loss,
             "loss_last_mean10": float(np.mean(run_losses[-10:])) if run_losses else None,
             "val_loss": val_losses[-1] if val_losses else self.last_val,
-            "val_ppl": math.exp(val_losses[-1]) if val_losses else None,
+            "val_ppl": math.exp(min(val_losses[-1], 50.0)) if val_losses else None,
             "wall_s_this_session": round(time.perf_counter() - self.t_start, 2),
             "train_s_this_session": round(self.train_time, 2),
             "tokens_per_s_this_session": (round(len(p.losses) * self.tokens_per_step / self.train_time, 1)

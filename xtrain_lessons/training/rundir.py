@@ -11,6 +11,11 @@ it through `load_run` and `RunDir`::
                 samples.txt        periodic samples
                 loss.png           the loss curves
                 summary.json       the final numbers
+                .lock              the pid of the process writing the run (one writer at a time)
+
+A run has an identity: a run id (config.json "run_id") and a config hash (the model config and
+the fields that define the model and data); every checkpoint records both, and resume refuses
+a checkpoint from another run.
 
     from xtrain_lessons.training.rundir import load_run
     model, tok, ckpt = load_run("runs/demo")       # ckpt: a checkpoint.Checkpoint (.path, .step)
@@ -18,9 +23,12 @@ it through `load_run` and `RunDir`::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import socket
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -28,16 +36,20 @@ from typing import Any, NamedTuple
 from xtrain_lessons.model.qwen3 import Config, Model
 from xtrain_lessons.training.checkpoint import (
     Checkpoint,
+    CheckpointCorruptError,
     CheckpointError,
+    CheckpointNotFoundError,
     load_checkpoint,
+    previous_intact,
     read_state,
     resolve_checkpoint,
     save_checkpoint,
 )
+from xtrain_lessons.training.config import check_fields
 from xtrain_lessons.training.tokenizer import atomic_write_bytes, load_tokenizer, tokenizer_hash
 
-__all__ = ["RunDir", "RunDirError", "LoadedRun", "load_run", "save_run", "default_run_dir",
-           "write_json_atomic"]
+__all__ = ["RunDir", "RunDirError", "RunLock", "LoadedRun", "load_run", "save_run", "default_run_dir",
+           "write_json_atomic", "new_run_id", "config_hash"]
 
 
 class RunDirError(CheckpointError):
@@ -51,6 +63,94 @@ def write_json_atomic(path: Path, obj) -> None:
 
 def default_run_dir() -> Path:
     return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+# model-config fields that change how, not what, is computed (checkpoint.EXECUTION_ONLY_FIELDS)
+_EXECUTION_ONLY = ("recompute", "attention")
+
+
+def config_hash(train: dict, model: dict, fixed_fields) -> str:
+    """SHA-256 of what defines the run's model and data: the model config (without the
+    execution-only switches) and the train fields in `fixed_fields`."""
+    ident = {"model": {k: v for k, v in model.items() if k not in _EXECUTION_ONLY},
+             "train": {k: train.get(k) for k in sorted(fixed_fields) if k != "model"}}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+class RunLock:
+    """`<run>/.lock` holding the writer's pid: a second writer gets a RunDirError naming it.
+    A lock whose process is gone (a kill -9) is stale and taken over."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.path = Path(run_dir) / ".lock"
+        self.held = False
+
+    def acquire(self) -> "RunLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        me = f"{os.getpid()} {socket.gethostname()}\n"
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                if not self._stale():
+                    continue
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(me)
+            self.held = True
+            return self
+        raise RunDirError(self._busy_message())
+
+    def _holder(self) -> tuple[int | None, str]:
+        try:
+            pid, _, host = self.path.read_text(encoding="utf-8").strip().partition(" ")
+            return int(pid), host
+        except (OSError, ValueError):
+            return None, ""
+
+    def _stale(self) -> bool:
+        pid, host = self._holder()
+        if pid is None:  # being written right now, or garbage: garbage only if old
+            try:
+                return time.time() - self.path.stat().st_mtime > 10
+            except FileNotFoundError:
+                return False
+        return host == socket.gethostname() and not _pid_alive(pid)
+
+    def _busy_message(self) -> str:
+        pid, host = self._holder()
+        who = f"process {pid}" + (f" on {host}" if host and host != socket.gethostname() else "")
+        return (f"{self.path.parent} is in use by {who} ({self.path}): wait for it to finish or stop "
+                f"it; if that process is gone, delete {self.path}")
+
+    def release(self) -> None:
+        if self.held:
+            pid, _ = self._holder()
+            if pid == os.getpid():
+                self.path.unlink(missing_ok=True)
+            self.held = False
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
 
 
 @dataclass(frozen=True)
@@ -129,13 +229,27 @@ def load_run(path: str | os.PathLike) -> LoadedRun:
     step directory up to the run directory and must be the one the checkpoint was trained with.
     """
     run = Path(path)
+    if (run / "model.safetensors").is_file() and not (run / "state.json").is_file():
+        raise RunDirError(f"{run} looks like a Hugging Face model folder, not a run directory: "
+                          f"import it first with `xtrain import-hf {run} --out RUN_DIR`")
     ckpt = resolve_checkpoint(run)
-    model = Model(Config.from_dict(_model_config_of(ckpt, run)), seed=0)
+    try:
+        mc = _model_config_of(ckpt, run)
+        check_fields(Config, mc, "model config")
+        model = Model(Config.from_dict(mc), seed=0)
+    except (TypeError, ValueError, AttributeError) as e:
+        raise RunDirError(f"the model config of {ckpt} is invalid ({e})") from None
     try:
         tok = load_tokenizer(_tokenizer_path(ckpt, run))
     except ValueError as e:
         raise RunDirError(str(e)) from e
-    loaded = load_checkpoint(ckpt, model, expected_tokenizer_hash=tokenizer_hash(tok))
+    try:
+        loaded = load_checkpoint(ckpt, model, expected_tokenizer_hash=tokenizer_hash(tok))
+    except (CheckpointCorruptError, CheckpointNotFoundError) as e:
+        prev = previous_intact(ckpt.parent, ckpt)
+        if prev is None:
+            raise
+        raise type(e)(f"{e}. The previous intact checkpoint is {prev}: give that path instead") from None
     return LoadedRun(model, tok, loaded)
 
 

@@ -17,6 +17,7 @@ Hugging Face model unchanged.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import os
@@ -48,6 +49,7 @@ def train_tokenizer(files: list[str | os.PathLike], vocab_size: int = DEFAULT_VO
     for p in paths:
         if not p.is_file():
             raise FileNotFoundError(f"tokenizer training file not found: {p}")
+        check_utf8(p)
     tok = Tokenizer(models.BPE())
     # add_prefix_space=False: no text is added, so decoding gives back the exact input.
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -65,12 +67,63 @@ def train_tokenizer(files: list[str | os.PathLike], vocab_size: int = DEFAULT_VO
     return tok
 
 
+PIECE = 1 << 16  # characters: longer lines are cut into pieces of about this size
+
+
+def safe_cut(text: str, start: int = 0) -> int:
+    """The last index > start where `text` may be cut without changing its byte-level BPE
+    tokens: a space between two non-spaces starts a word (" word") in the pre-tokenizer's
+    split, so the tokens of text[:i] + text[i:] are those of text. -1 if there is none."""
+    i = text.rfind(" ", start + 1, len(text) - 1)
+    while i > start and (text[i - 1].isspace() or text[i + 1].isspace()):
+        i = text.rfind(" ", start + 1, i)
+    return i if i > start else -1
+
+
+def safe_pieces(text: str, size: int = PIECE):
+    """`text` in pieces of at most ~`size` characters, cut only where safe_cut allows (so the
+    tokens of the pieces are those of the whole; the tokenizer's memory stays bounded)."""
+    start = 0
+    while len(text) - start > size:
+        cut = safe_cut(text[: start + size], start)
+        if cut < 0:  # one giant word: cut where the next safe place is
+            cut = text.find(" ", start + size)
+            while 0 < cut < len(text) - 1 and (text[cut - 1].isspace() or text[cut + 1].isspace()):
+                cut = text.find(" ", cut + 1)
+            if cut <= 0 or cut >= len(text) - 1:
+                break
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
+
+
+def file_pieces(f, size: int = PIECE):
+    """The lines of text file `f`, a line longer than `size` in pieces cut at safe places:
+    memory bounded by `size`, not by the longest line (save for a word longer than that)."""
+    carry = ""
+    while True:
+        part = f.readline(size)
+        text = carry + part
+        if not part or text.endswith("\n") or len(part) < size:  # a whole line, or the end
+            if text:
+                yield text
+            if not part:
+                return
+            carry = ""
+            continue
+        cut = safe_cut(text)
+        carry = text[cut:] if cut > 0 else text
+        if cut > 0:
+            yield text[:cut]
+
+
 def _lines_without_eot(paths: list[Path], batch: int = 1000):
-    """Yield batches of lines from UTF-8 files, EOT markers removed (streams big files)."""
+    """Yield batches of lines from UTF-8 files, EOT markers removed (streams big files; a long
+    line in pieces, see file_pieces)."""
     buf = []
     for p in paths:
         with open(p, encoding="utf-8") as f:
-            for line in f:
+            for line in file_pieces(f):
                 if EOT in line:
                     line = line.replace(EOT, "")
                 if line:
@@ -80,6 +133,25 @@ def _lines_without_eot(paths: list[Path], batch: int = 1000):
                     buf = []
     if buf:
         yield buf
+
+
+def check_utf8(path: Path, chunk: int = 1 << 20) -> None:
+    """ValueError naming `path` and the byte offset when it is not valid UTF-8 (read in chunks)."""
+    dec = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(chunk)
+            pending = len(dec.getstate()[0])  # bytes of a character cut by the last block
+            try:
+                dec.decode(block, final=not block)
+            except UnicodeDecodeError as e:
+                at = offset - pending + e.start
+                raise ValueError(f"{path} is not valid UTF-8 (byte {at}: {e.reason}); "
+                                 f"convert it first, e.g. `iconv -f latin1 -t utf-8`") from None
+            if not block:
+                return
+            offset += len(block)
 
 
 def train_tokenizer_from_text(text: str, vocab_size: int = DEFAULT_VOCAB_SIZE, min_frequency: int = 2):
