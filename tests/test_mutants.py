@@ -10,6 +10,8 @@ is the notebook's own: what the learner runs is what is tested.
 A mutants file holds `MUTANTS = {"T05.1": {"what the mistake is": mutant, ...}, ...}` where a
 mutant is the text that replaces the solution region (indentation is added), a function that
 replaces the function the region sits in, or a pair (mutant, text the fail line must contain).
+`AWAITING_CHECK_FIX = {"T12.2": ["mutant name"]}` lists mutants a check lets through while a
+change to it is pending; the test asserts they still pass, so the entry goes once it is fixed.
 """
 
 from __future__ import annotations
@@ -35,11 +37,20 @@ _END = re.compile(r"^[ \t]*(?:#|//) END SOLUTION\s*$")
 _DEF = re.compile(r"^[ \t]*def (\w+)\(")
 
 
-def load_mutants(stem: str) -> dict:
+def load_module(stem: str) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location(f"mutants_{stem}", MUTANTS_DIR / f"{stem}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return getattr(module, "MUTANTS", {})
+    return module
+
+
+def load_mutants(stem: str) -> dict:
+    return getattr(load_module(stem), "MUTANTS", {})
+
+
+def awaiting_fix(stem: str) -> dict:
+    """{exercise id: [mutant names]} a check does not catch yet (a change to it is pending)."""
+    return getattr(load_module(stem), "AWAITING_CHECK_FIX", {})
 
 
 def mutant_stems() -> list[str]:
@@ -103,9 +114,14 @@ def verdicts(output: str, ex_id: str) -> list[str]:
     return [ln for ln in output.splitlines() if re.match(r"^\S+ " + re.escape(ex_id) + r"\b", ln)]
 
 
+def _named(name: str, line: str) -> bool:
+    return name.replace("_", " ") in line.replace("_", " ")
+
+
 def mutate_notebook(stem: str) -> list[str]:
     """Run the notebook's mutants; return one line per problem (empty: all rejected)."""
     mutants, cells, problems = load_mutants(stem), code_cells(stem), []
+    pending = {(ex, what) for ex, names in awaiting_fix(stem).items() for what in names}
     ns = {"__name__": "__main__"}
     last = max((i for i, c in enumerate(cells) for e in regions(c) if e in mutants), default=-1)
     for i, cell in enumerate(cells[:last + 1]):
@@ -129,9 +145,11 @@ def mutate_notebook(stem: str) -> list[str]:
                 if os.environ.get("MUTANTS_VERBOSE"):
                     print(f"{ex_id} {what}: {lines}")
                 want = {"(the solution)": "✅", "(the learner's stub)": "⏳"}.get(what, "❌")
+                if (ex_id, what) in pending:  # expected to slip through until its check is fixed
+                    want = "✅"
                 if not lines or not any(ln.startswith(want) for ln in lines):
                     problems.append(f"{ex_id} {what}: expected {want}, the check said {lines}")
-                elif want == "❌" and not any(name in ln and must_say in ln for ln in lines if ln.startswith("❌")):
+                elif want == "❌" and not any(_named(name, ln) and must_say in ln for ln in lines if ln.startswith("❌")):
                     problems.append(f"{ex_id} {what}: the fail line does not name {name!r} / {must_say!r}: {lines}")
         run_cell(cell, ns, f"<{stem} cell {i}>")
     return problems

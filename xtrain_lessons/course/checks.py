@@ -100,12 +100,17 @@ def assert_close(actual: Any, expected: Any, atol: float | None = None,
             (e.dtype.kind == "f" and a.dtype.kind == "f" and a.dtype != e.dtype):  # token ids as floats, float64 for float32
         raise Mismatch(f"{what}: dtype {a.dtype} ≠ expected {e.dtype}")
     a64, e64 = a.astype(np.float64), e.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf in a wrong result is reported, not warned
+        _report_mismatch(a64, e64, atol, rtol, what)
+
+
+def _report_mismatch(a64: np.ndarray, e64: np.ndarray, atol: float, rtol: float, what: str) -> None:
     bad = ~np.isclose(a64, e64, atol=atol, rtol=rtol, equal_nan=True)
     if bad.any():
         err = np.where(bad, np.abs(a64 - e64), -np.inf)
         err = np.where(np.isnan(err), np.inf, err)
-        idx = np.unravel_index(int(np.argmax(err)), a.shape) if a.ndim else ()
-        where = f" at index {tuple(int(i) for i in idx)}" if a.ndim else ""
+        idx = np.unravel_index(int(np.argmax(err)), a64.shape) if a64.ndim else ()
+        where = f" at index {tuple(int(i) for i in idx)}" if a64.ndim else ""
         raise Mismatch(
             f"{what}: {int(bad.sum())} of {bad.size} values differ; max |Δ| = "
             f"{float(err[idx]):.3g}{where} (got {a64[idx]:.6g}, expected {e64[idx]:.6g}; "
