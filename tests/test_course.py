@@ -86,3 +86,13 @@ def test_check_plain_assert_is_fail(capsys):
         assert 1 == 2, "one is not two"
     assert check("T99.3 x", test) is False
     assert "❌ T99.3 x: fail — one is not two" in capsys.readouterr().out
+
+
+def test_require_names_the_missing_package():
+    from xtrain_lessons.course.deps import MissingDependency, require
+    assert require("numpy", "these cells") is np
+    with pytest.raises(MissingDependency) as info:
+        require("no_such_package_xyz", "the parity cells")
+    lines = info.value._render_traceback_()
+    assert len(lines) == 1 and "no_such_package_xyz is not installed (needed by the parity cells)" in lines[0]
+    assert 'pip install -e ".[course]"' in lines[0]
