@@ -14,7 +14,10 @@ MATHJAX = Path(jupyter_server_mathjax.__file__).parent / "static"
 
 
 def _use_local_mathjax(app, config):
-    config.mathjax_path = "mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML"
+    config.mathjax_path = "mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"  # MathJax 2.7
+    # the theme marks sections tex2jax_ignore and lists the classes to typeset for MathJax 3;
+    # the same list for MathJax 2
+    config.mathjax2_config = {"tex2jax": {"processClass": "tex2jax_process|mathjax_process|math|output_area"}}
 
 
 def _copy_mathjax(app, exception):
