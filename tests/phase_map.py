@@ -3,9 +3,9 @@ CONTRIBUTING.md shows (`python tests/phase_map.py` prints it) and that the pytes
 (`pytest -m t05` runs T05's tests). tests/test_phase_map.py keeps the three in step."""
 
 PHASES = {
-    "T00": ("welcome", ["course/checks.py", "course/notebooks.py", "course/doctor.py", "cli/main.py",
-                        "cli/errors.py", "cli/notebooks.py", "cli/doctor.py"],
-            ["test_course.py", "test_notebook_pipeline.py", "test_doctor.py", "test_cli.py",
+    "T00": ("welcome", ["course/checks.py", "course/deps.py", "course/notebooks.py", "course/doctor.py",
+                        "cli/main.py", "cli/errors.py", "cli/notebooks.py", "cli/doctor.py"],
+            ["test_course.py", "test_mutants.py", "test_notebook_pipeline.py", "test_doctor.py", "test_cli.py",
              "test_packaging.py", "test_book.py", "test_layers.py", "test_phase_map.py"]),
     "T01": ("devices_and_kernels", ["runtime/device.py", "runtime/cuda/", "runtime/kernels/vector_add.py"],
             ["test_device.py", "test_cuda_emulator.py", "test_nvcc_compile.py", "test_nvrtc_compile.py",

@@ -1,5 +1,6 @@
-"""The Jupyter Book builds offline, warnings as errors, and shows T00 with its outputs."""
+"""The Jupyter Book builds offline, warnings as errors, shows T00 with its outputs, loads nothing from the network."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -8,6 +9,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# a script or stylesheet fetched from the network: <script src="https://...">, <link href="//...">,
+# or a URL in an inline script (a loader that fetches it later)
+REMOTE = re.compile(r"<(?:script|link)\b[^>]*\b(?:src|href)\s*=\s*[\"'](?:https?:)?//|"
+                    r"<script\b[^>]*>[^<]*https?://", re.IGNORECASE)
 
 
 @pytest.mark.slow
@@ -23,3 +28,8 @@ def test_book_builds_offline_with_warnings_as_errors(tmp_path):
     assert "How an exercise works" in t00
     assert "T00.1 rms: pass" in t00  # the executed output is in the page
     assert (html / "course_map.html").exists()
+    remote = [f"{p.relative_to(html)}: {m.group(0)[:120]}" for p in html.rglob("*.html")
+              for m in [REMOTE.search(p.read_text(encoding="utf-8"))] if m]
+    assert not remote, "pages load from the network:\n" + "\n".join(remote[:10])
+    t05 = (html / "solutions" / "T05_transformer.html").read_text(encoding="utf-8")
+    assert 'src="../_static/mathjax/MathJax.js' in t05 and (html / "_static" / "mathjax" / "MathJax.js").exists()

@@ -86,3 +86,76 @@ def test_check_plain_assert_is_fail(capsys):
         assert 1 == 2, "one is not two"
     assert check("T99.3 x", test) is False
     assert "❌ T99.3 x: fail — one is not two" in capsys.readouterr().out
+
+
+def test_require_names_the_missing_package():
+    from xtrain_lessons.course.deps import MissingDependency, require
+    assert require("numpy", "these cells") is np
+    with pytest.raises(MissingDependency) as info:
+        require("no_such_package_xyz", "the parity cells")
+    lines = info.value._render_traceback_()
+    assert len(lines) == 1 and "no_such_package_xyz is not installed (needed by the parity cells)" in lines[0]
+    assert 'pip install -e ".[course]"' in lines[0]
+
+
+def test_composed_check_says_not_yet_with_only_reference_pieces(capsys):
+    from xtrain_lessons.course.checks import check_composed
+    ns = {"double": ref}
+    assert check_composed("T99 composed", lambda: None, {"double": ref}, ns) is False
+    assert "⏳ T99 composed: not yet — built from the reference pieces" in capsys.readouterr().out
+
+
+def test_composed_check_names_the_piece_that_differs(capsys):
+    from xtrain_lessons.course.checks import check_composed
+
+    def square(x):
+        return x * x
+    ns = {"double": lambda x: x * 2.0, "square": lambda x: x * x * 1.5}
+    refs = {"double": ref, "square": square}
+
+    def test():
+        assert_close(ns["square"](ns["double"](np.ones(3))), np.full(3, 4.0), what="composed")
+    assert check_composed("T99 composed", test, refs, ns) is False
+    out = capsys.readouterr().out
+    assert "❌ T99 composed: fail — your square differs" in out and "True" not in out
+
+
+def test_strict_check_rejects_an_overflowing_formula(capsys):
+    def sigmoid_ref(a):
+        return 0.5 * (1 + np.tanh(0.5 * a))
+    naive = lambda a: 1 / (1 + np.exp(-a))  # noqa: E731
+    assert check_fn("T99.3 sigmoid", naive, sigmoid_ref, [(np.array([-200.0, 0.0], np.float32),)],
+                    strict=True) is sigmoid_ref
+    assert "overflow encountered in exp" in capsys.readouterr().out
+
+
+def test_float_dtype_and_named_outputs():
+    with pytest.raises(Mismatch, match="dtype float64 ≠ expected float32"):
+        assert_close(np.ones(2), np.ones(2, np.float32))
+    with pytest.raises(Mismatch, match=r"^dk: "):
+        assert_close((np.ones(2), np.zeros(2)), (np.ones(2), np.ones(2)), names=("dq", "dk"))
+
+
+def test_kernel_failure_lists_the_causes_and_the_sanitizer(capsys):
+    def test():
+        require_solved("__global__ void k(float* a){ a[0] = 1; }")
+        assert_close(np.array([np.nan]), np.array([1.0]), what="C")
+    check("T99.4 kernel", test)
+    out = capsys.readouterr().out
+    assert "bounds guard" in out and "__syncthreads()" in out and "XTRAIN_SANITIZE=1" in out
+
+
+def test_widest_reduction_tells_a_streamed_softmax_from_a_full_one():
+    from xtrain_lessons.course.checks import widest_reduction
+
+    def full(x, chunk):
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    def streamed(x, chunk):
+        m = np.full(x.shape[:-1], -np.inf)
+        for j in range(0, x.shape[-1], chunk):
+            m = np.maximum(m, x[..., j:j + chunk].max(axis=-1))
+        return m
+    x = np.random.default_rng(0).standard_normal((3, 50))
+    assert widest_reduction(full, x, 8) == 50 and widest_reduction(streamed, x, 8) == 8

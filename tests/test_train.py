@@ -302,3 +302,12 @@ def test_threads_default_explicit_and_under_a_launcher(corpus, tmp_path, monkeyp
     assert train_mod._cores_per_process() == 3
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     assert train_mod._cores_per_process() == 1
+
+
+def test_progress_lines_without_a_terminal(corpus, tmp_path):
+    # no progress bar (a notebook, a CI log): a line every steps // 25 steps, eval lines aside
+    lines = []
+    train(tiny_cfg(corpus, tmp_path / "p", steps=50, eval_every=0, sample_every=0), progress=False,
+          log=lines.append)
+    steps = [int(s.split()[1].split("/")[0]) for s in lines if s.startswith("step") and "/50:" in s]
+    assert steps == list(range(2, 51, 2)), lines

@@ -10,12 +10,16 @@ Every exercise in a notebook is followed by a check cell. A check prints one lin
 `check_fn` compares a learner's function with a reference on a list of cases and returns
 the function later cells should use: the learner's when it passes, the reference otherwise.
 `check` runs any zero-argument test (plain asserts, `assert_close`, `require_solved`).
+`check_composed` runs a test built from several exercises' functions and names the one that
+differs; `widest_reduction` tells whether a function reduced more values at once than a chunk.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
-from typing import Any, Callable, Iterable
+import warnings
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -32,6 +36,14 @@ class NotYet(Exception):
 
 class Mismatch(AssertionError):
     """Raised by `assert_close` with a message that names the first mismatch."""
+
+
+# Kernel results that are NaN or garbage: the usual causes, most frequent first.
+KERNEL_HINT = ("a kernel result that is wrong or NaN usually comes from, in order: a missing bounds "
+               "guard (a thread past the end reads or writes out of range), a missing __syncthreads() "
+               "barrier, a wrong index; the emulator's sanitizer names the first bad access: "
+               "Kernel(..., sanitize=True) or XTRAIN_SANITIZE=1")
+_in_kernel_test = False  # set by require_solved while a check runs: the test launches a kernel
 
 
 def _report(name: str, status: str, detail: str = "") -> None:
@@ -61,15 +73,20 @@ def _as_array(x: Any) -> np.ndarray:
 
 
 def assert_close(actual: Any, expected: Any, atol: float | None = None,
-                 rtol: float | None = None, what: str = "output") -> None:
-    """Assert two arrays (or nested tuples of arrays) agree; the error names the first mismatch."""
+                 rtol: float | None = None, what: str = "output",
+                 names: Sequence[str] | None = None) -> None:
+    """Assert two arrays (or nested tuples of arrays) agree; the error names the first mismatch.
+
+    `names` labels the items of a tuple result ("dq", "dk", "dv") instead of output[0], output[1].
+    A floating-point result must have the expected floating dtype (float64 is not float32).
+    """
     if isinstance(expected, (tuple, list)) and not np.isscalar(expected) and \
             not isinstance(expected, np.ndarray):
         if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
             got = type(actual).__name__ + (f" of {len(actual)}" if hasattr(actual, "__len__") else "")
             raise Mismatch(f"{what}: expected a sequence of {len(expected)}, got {got}")
         for i, (a, e) in enumerate(zip(actual, expected)):
-            assert_close(a, e, atol, rtol, what=f"{what}[{i}]")
+            assert_close(a, e, atol, rtol, what=names[i] if names else f"{what}[{i}]")
         return
     if actual is None:
         raise Mismatch(f"{what}: got None (did the function return its result?)")
@@ -79,15 +96,21 @@ def assert_close(actual: Any, expected: Any, atol: float | None = None,
     d_atol, d_rtol = default_tolerance(e.dtype if e.dtype.kind == "f" else a.dtype)
     atol = d_atol if atol is None else atol
     rtol = d_rtol if rtol is None else rtol
-    if e.dtype.kind in "iub" and a.dtype.kind not in "iub":  # e.g. token ids returned as floats
+    if (e.dtype.kind in "iub" and a.dtype.kind not in "iub") or \
+            (e.dtype.kind == "f" and a.dtype.kind == "f" and a.dtype != e.dtype):  # token ids as floats, float64 for float32
         raise Mismatch(f"{what}: dtype {a.dtype} ≠ expected {e.dtype}")
     a64, e64 = a.astype(np.float64), e.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf in a wrong result is reported, not warned
+        _report_mismatch(a64, e64, atol, rtol, what)
+
+
+def _report_mismatch(a64: np.ndarray, e64: np.ndarray, atol: float, rtol: float, what: str) -> None:
     bad = ~np.isclose(a64, e64, atol=atol, rtol=rtol, equal_nan=True)
     if bad.any():
         err = np.where(bad, np.abs(a64 - e64), -np.inf)
         err = np.where(np.isnan(err), np.inf, err)
-        idx = np.unravel_index(int(np.argmax(err)), a.shape) if a.ndim else ()
-        where = f" at index {tuple(int(i) for i in idx)}" if a.ndim else ""
+        idx = np.unravel_index(int(np.argmax(err)), a64.shape) if a64.ndim else ()
+        where = f" at index {tuple(int(i) for i in idx)}" if a64.ndim else ""
         raise Mismatch(
             f"{what}: {int(bad.sum())} of {bad.size} values differ; max |Δ| = "
             f"{float(err[idx]):.3g}{where} (got {a64[idx]:.6g}, expected {e64[idx]:.6g}; "
@@ -97,6 +120,8 @@ def assert_close(actual: Any, expected: Any, atol: float | None = None,
 
 def require_solved(source: str) -> None:
     """Raise NotYet when CUDA C source still holds an exercise stub."""
+    global _in_kernel_test
+    _in_kernel_test = True
     m = CUDA_STUB_PATTERN.search(source)
     if m:
         raise NotYet(f"{m.group(1)} {m.group(2)} is still a stub")
@@ -104,6 +129,8 @@ def require_solved(source: str) -> None:
 
 def check(name: str, test: Callable[[], Any]) -> bool:
     """Run a zero-argument test and print pass / not yet / fail. Returns True on pass."""
+    global _in_kernel_test
+    _in_kernel_test = False
     try:
         detail = test()
     except (NotImplementedError, NotYet) as exc:
@@ -111,7 +138,11 @@ def check(name: str, test: Callable[[], Any]) -> bool:
         _report(name, NOT_YET, hint or "the exercise is not written yet")
         return False
     except AssertionError as exc:
-        _report(name, FAIL, str(exc) or "an assertion failed")
+        hint = f"\n   {KERNEL_HINT}" if _in_kernel_test and isinstance(exc, Mismatch) else ""
+        _report(name, FAIL, (str(exc) or "an assertion failed") + hint)
+        return False
+    except FloatingPointError as exc:
+        _report(name, FAIL, f"{exc} — the text asks for a formula that cannot overflow")
         return False
     except Exception as exc:  # the learner's code crashed: say where, keep going
         _report(name, FAIL, f"{type(exc).__name__}: {exc}")
@@ -120,11 +151,26 @@ def check(name: str, test: Callable[[], Any]) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _floating_point_errors(strict: bool):
+    """With strict, NumPy's overflow / invalid / divide warnings raise instead of printing."""
+    if not strict:
+        yield
+        return
+    with np.errstate(over="raise", invalid="raise", divide="raise", under="ignore"), \
+            warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        yield
+
+
 def check_fn(name: str, fn: Callable, reference: Callable, cases: Iterable[Any],
-             atol: float | None = None, rtol: float | None = None) -> Callable:
+             atol: float | None = None, rtol: float | None = None,
+             names: Sequence[str] | None = None, strict: bool = False) -> Callable:
     """Compare `fn` with `reference` on each case; return the function later cells should use.
 
-    A case is a tuple of positional arguments or a dict of keyword arguments.
+    A case is a tuple of positional arguments or a dict of keyword arguments. `names` labels
+    the items of a tuple result; `strict` runs `fn` with NumPy's floating-point warnings as
+    errors, for exercises whose text asks for a formula that never overflows.
     """
     cases = list(cases)
 
@@ -133,13 +179,17 @@ def check_fn(name: str, fn: Callable, reference: Callable, cases: Iterable[Any],
             args, kwargs = (case, {}) if isinstance(case, tuple) else ((), case)
             expected = reference(*args, **kwargs)
             try:
-                got = fn(*args, **kwargs)
+                with _floating_point_errors(strict):
+                    got = fn(*args, **kwargs)
             except (NotImplementedError, NotYet):
                 raise
+            except (FloatingPointError, RuntimeWarning) as exc:
+                raise AssertionError(f"case {i}: {exc} — the text asks for a formula that "
+                                     "cannot overflow (NumPy warnings are errors here)") from exc
             except Exception as exc:
                 raise AssertionError(f"case {i}: {type(exc).__name__}: {exc}") from exc
             try:
-                assert_close(got, expected, atol, rtol)
+                assert_close(got, expected, atol, rtol, names=names)
             except Mismatch as exc:
                 raise Mismatch(f"case {i}: {exc}") from None
         return f"{len(cases)} case{'s' if len(cases) != 1 else ''}"
@@ -148,3 +198,72 @@ def check_fn(name: str, fn: Callable, reference: Callable, cases: Iterable[Any],
         return fn
     print("   using the reference version so the rest of the notebook can run")
     return reference
+
+
+def check_composed(name: str, test: Callable[[], Any], references: dict[str, Callable],
+                   namespace: dict[str, Any]) -> bool:
+    """Check a test built from several exercises' functions, found by name in `namespace`.
+
+    `references` maps each piece's name to its reference. When every piece in use is the
+    reference the result says "not yet"; on a failure each of your pieces is tried alone among
+    the references, and the first that makes the test fail is named.
+    """
+    yours = [k for k, ref in references.items() if namespace.get(k) is not ref]
+    if not yours:
+        _report(name, NOT_YET, "built from the reference pieces (no exercise above is solved yet)")
+        return False
+    in_use = {k: namespace[k] for k in references}
+
+    def with_pieces(pieces: dict[str, Callable]) -> Any:
+        saved = {k: namespace[k] for k in pieces}
+        namespace.update(pieces)
+        try:
+            return test()
+        finally:
+            namespace.update(saved)
+
+    def composed() -> str:
+        try:
+            with_pieces(in_use)
+        except AssertionError as exc:
+            for k in yours:
+                try:
+                    with_pieces({**references, k: in_use[k]})
+                except AssertionError as alone:
+                    raise AssertionError(f"your {k} differs: {alone}") from None
+            raise AssertionError(f"your pieces together differ: {exc}") from None
+        ref_names = [k for k in references if k not in yours]
+        return f"yours: {', '.join(yours)}" + (f"; reference: {', '.join(ref_names)}" if ref_names else "")
+
+    return check(name, composed)
+
+
+class _ReductionWatch(np.ndarray):
+    """An array that records the widest reduction over its last axis (see widest_reduction)."""
+
+    widest = [0]
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        plain = [np.asarray(x) if isinstance(x, _ReductionWatch) else x for x in inputs]
+        if "out" in kwargs:
+            kwargs["out"] = tuple(np.asarray(o) if isinstance(o, _ReductionWatch) else o
+                                  for o in kwargs["out"])
+        if method == "reduce":
+            a, axis = plain[0], kwargs.get("axis", 0)
+            axes = range(a.ndim) if axis is None else np.atleast_1d(axis)
+            if a.ndim and any(int(ax) % a.ndim == a.ndim - 1 for ax in axes):
+                self.widest[0] = max(self.widest[0], a.shape[-1])
+        result = getattr(ufunc, method)(*plain, **kwargs)
+        if isinstance(result, np.ndarray) and method != "reduce":
+            return result.view(_ReductionWatch)
+        return result
+
+
+def widest_reduction(fn: Callable, x: np.ndarray, *args: Any) -> int:
+    """Run fn(x, *args); return the most values of x's last axis any max / sum reduced at once.
+
+    A streamed (online) computation over chunks of c values reduces at most c at a time.
+    """
+    _ReductionWatch.widest[0] = 0
+    fn(np.asarray(x).view(_ReductionWatch), *args)
+    return _ReductionWatch.widest[0]

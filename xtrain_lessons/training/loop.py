@@ -433,6 +433,8 @@ class Trainer:
         self.deferred = self.log_every > 1
         self.healthy = True  # on the device once a deferred step ran: every step so far was finite
         self.pending = PendingSteps(self.tokens_per_step, self.log_every)
+        # without a progress bar (no terminal: a notebook, a CI log) a line every 1/25 of the run
+        self.print_every = max(1, cfg.steps // 25)
         self.bar = tqdm(total=cfg.steps, initial=self.step, disable=not self.progress,
                         dynamic_ncols=True, desc="train", unit="step", file=sys.stderr)
         self.mf = open(self.metrics_path, "a", encoding="utf-8")
@@ -568,6 +570,9 @@ class Trainer:
             self.bar.update(len(recs))
             self.bar.set_postfix_str(f"loss {self.pending.last_loss:.3f} lr {recs[-1]['lr']:.2e} "
                                      f"{self.pending.ema_tps:,.0f} tok/s")
+            if not self.progress and not self.at_eval and any(r["step"] % self.print_every == 0 for r in recs):
+                self.say(f"step {self.step:>6}/{self.cfg.steps}: train loss {self.pending.last_loss:.4f}  "
+                         f"lr {recs[-1]['lr']:.2e}  {self.pending.ema_tps:,.0f} tok/s")
         return recs
 
     def _write(self, recs: list[dict]) -> None:

@@ -1,0 +1,46 @@
+"""Plausible wrong solutions of T03's exercises (format: tests/test_mutants.py)."""
+
+_TILED = """
+As[ty][tx] = (row < M && k0 + tx < K) ? A[row * K + k0 + tx] : 0.0f;
+Bs[ty][tx] = (k0 + ty < K && col < N) ? B[(k0 + ty) * N + col] : 0.0f;
+__syncthreads();
+for (int k = 0; k < TILE; k++) acc += As[ty][k] * Bs[k][tx];
+__syncthreads();
+"""
+
+MUTANTS = {
+    "T03.1": {
+        "B indexed as B[col * K + k] (B transposed)": """
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++) acc += A[row * K + k] * B[col * K + k];
+            C[row * N + col] = acc;
+        """,
+        "row stride N for A": """
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++) acc += A[row * N + k] * B[k * N + col];
+            C[row * N + col] = acc;
+        """,
+        "loop stops one short (k < K - 1)": """
+            float acc = 0.0f;
+            for (int k = 0; k < K - 1; k++) acc += A[row * K + k] * B[k * N + col];
+            C[row * N + col] = acc;
+        """,
+        "C written transposed (col * M + row)": """
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++) acc += A[row * K + k] * B[k * N + col];
+            C[col * M + row] = acc;
+        """,
+    },
+    "T03.2": {
+        "no k < K bounds guard on the tile loads": _TILED.replace(" && k0 + tx < K", "").replace("k0 + ty < K && ", ""),
+        "second barrier missing": _TILED.rsplit("__syncthreads();", 1)[0],
+        "As indexed [tx][ty] (wrong transpose)": _TILED.replace("As[ty][tx] =", "As[tx][ty] ="),
+        "inner loop stops one short (k < TILE - 1)": _TILED.replace("k < TILE", "k < TILE - 1"),
+    },
+    "T03.3": {
+        "da and db swapped": "return a.T @ dc, dc @ b.T",
+        "db transposed (dc.T @ a)": "return dc @ b.T, dc.T @ a",
+        "negated gradients": "return -(dc @ b.T), -(a.T @ dc)",
+        "dc left out of db (a.T @ ones)": "return dc @ b.T, a.T @ np.ones_like(dc)",
+    },
+}
