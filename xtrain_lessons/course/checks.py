@@ -23,6 +23,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from xtrain_lessons.runtime.cuda import SANITIZER_HINT
+
 PASS, NOT_YET, FAIL = "pass", "not yet", "fail"
 _ICONS = {PASS: "✅", NOT_YET: "⏳", FAIL: "❌"}
 
@@ -41,8 +43,7 @@ class Mismatch(AssertionError):
 # Kernel results that are NaN or garbage: the usual causes, most frequent first.
 KERNEL_HINT = ("a kernel result that is wrong or NaN usually comes from, in order: a missing bounds "
                "guard (a thread past the end reads or writes out of range), a missing __syncthreads() "
-               "barrier, a wrong index; the emulator's sanitizer names the first bad access: "
-               "Kernel(..., sanitize=True) or XTRAIN_SANITIZE=1")
+               "barrier, a wrong index; " + SANITIZER_HINT)
 _in_kernel_test = False  # set by require_solved while a check runs: the test launches a kernel
 
 
@@ -138,7 +139,7 @@ def check(name: str, test: Callable[[], Any]) -> bool:
         _report(name, NOT_YET, hint or "the exercise is not written yet")
         return False
     except AssertionError as exc:
-        hint = f"\n   {KERNEL_HINT}" if _in_kernel_test and isinstance(exc, Mismatch) else ""
+        hint = f"\n   {KERNEL_HINT}" if _in_kernel_test else ""
         _report(name, FAIL, (str(exc) or "an assertion failed") + hint)
         return False
     except FloatingPointError as exc:
