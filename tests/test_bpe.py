@@ -316,3 +316,27 @@ def test_engine_tokenizer_works_with_the_engine(tmp_path, stories_text):
     prepared = prepare(p, tmp_path / "data", eng, val_fraction=0.1, seed=0)
     ds = TokenDataset(prepared.out_dir, "train", tokenizer=hf)
     assert len(ds) > 0
+
+
+def test_a_run_trained_with_our_tokenizer_resumes_and_exports(tmp_path, stories_text, monkeypatch):
+    """`xtrain train --tokenizer-impl course`, simulated without touching train.py: the run,
+    its resume (which reads tokenizer.json with `tokenizers`) and T09's export closed loop."""
+    from xtrain_lessons import tokenizer as engine
+    from xtrain_lessons.export import closed_loop_check, export_hf
+    from xtrain_lessons.train import TrainConfig, train
+
+    corpus = tmp_path / "small.txt"
+    text = stories_text[:30_000]
+    corpus.write_text(text[:text.rfind(EOT)] + EOT + "\n", encoding="utf-8")
+    monkeypatch.setattr(engine, "train_tokenizer", lambda files, n: train_engine_tokenizer(files, n))
+    cfg = TrainConfig(preset="test", data=str(corpus), out=str(tmp_path / "run"), vocab_size=300, steps=4,
+                      batch_size=2, seq_len=16, warmup=1, eval_every=0, sample_every=0, checkpoint_every=2,
+                      threads=1)
+    first = train(cfg, stop_at=2, progress=False, log=lambda m: None)
+    assert isinstance(first.tokenizer, EngineTokenizer)
+    done = train(resume=tmp_path / "run", progress=False, log=lambda m: None)
+    assert done.step == 4
+    export_hf(done.model, done.tokenizer, tmp_path / "hf")
+    report = closed_loop_check(done.model, first.tokenizer, tmp_path / "hf", ["Once upon a time"], n_tokens=5)
+    assert report["tokenizer_ids_equal"] is True, report["summary"]
+    assert report["greedy_identical"] and all(report["greedy_identical"]), report["summary"]
