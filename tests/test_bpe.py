@@ -74,6 +74,13 @@ def test_count_file_same_with_processes(tmp_path, stories_text):
     assert count_file(p, [EOT], workers=2, chunk_bytes=40_000) == one == count_pretokens(p.read_text("utf-8"), [EOT])
 
 
+def test_a_file_that_is_not_utf8_is_one_clear_error(tmp_path):
+    p = tmp_path / "latin1.txt"
+    p.write_bytes("café".encode("latin-1"))
+    with pytest.raises(ValueError, match="not UTF-8 text .* offset 3"):
+        train_bpe(p, 300, [EOT])
+
+
 # ----- training ------------------------------------------------------------------------------
 
 def test_vocab_layout_and_size(trained):

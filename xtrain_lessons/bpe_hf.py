@@ -6,8 +6,8 @@
     eng = train_engine_tokenizer(["data/stories.txt"], 2048)  # what `xtrain train` needs
 
 The file is the one `tokenizer.py` writes with the `tokenizers` trainer: a BPE model whose
-vocab keys are the tokens' bytes in GPT-2's printable form ("Ġthe"), merges as pairs, the
-special tokens as added tokens, and the ByteLevel pre-tokenizer (GPT-2's regex, no prefix
+vocab keys are the tokens' bytes in GPT-2's printable form ("Ġthe"), merges as "a b" strings,
+the special tokens as added tokens, and the ByteLevel pre-tokenizer (GPT-2's regex, no prefix
 space) and decoder. Only that configuration reads back: a tokenizer.json with a normalizer,
 another split pattern or a prefix space would give other ids, and is refused by name.
 
@@ -44,7 +44,8 @@ def to_hf_dict(tok: Tokenizer) -> dict:
     model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
              "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
              "ignore_merges": False, "vocab": vocab,
-             "merges": [[token_to_str(a), token_to_str(b)] for a, b in tok.merges]}
+             # "a b" strings, which every tokenizers release reads (byte-level tokens hold no space)
+             "merges": [f"{token_to_str(a)} {token_to_str(b)}" for a, b in tok.merges]}
     return {"version": "1.0", "truncation": None, "padding": None,
             "added_tokens": sorted(added, key=lambda t: t["id"]), "normalizer": None,
             "pre_tokenizer": dict(BYTE_LEVEL), "post_processor": None,
@@ -144,7 +145,8 @@ class EngineTokenizer:
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         if skip_special_tokens:
-            ids = [i for i in ids if int(i) not in set(self.tok.special_ids.values())]
+            special = set(self.tok.special_ids.values())
+            ids = [i for i in ids if int(i) not in special]
         return self.tok.decode(ids)
 
     def get_vocab_size(self, with_added_tokens: bool = True) -> int:

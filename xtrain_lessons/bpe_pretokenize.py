@@ -101,7 +101,12 @@ def _count_range(args) -> Counter:
     path, start, end, special_tokens = args
     with open(path, "rb") as f:
         f.seek(start)
-        text = f.read(end - start).decode("utf-8")
+        data = f.read(end - start)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (invalid byte at offset {start + e.start}); "
+                         f"convert it to UTF-8 first") from None
     return count_pretokens(text, special_tokens)
 
 
