@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from xtrain_lessons.bpe_hf import (
-    EngineTokenizer, from_hf_json, load_hf, save_pretrained, to_hf_json, train_engine_tokenizer,
+    EngineTokenizer, from_hf_json, load_hf, save_pretrained, to_hf_dict, to_hf_json, train_engine_tokenizer,
 )
 from xtrain_lessons.bpe_pretokenize import count_file, count_pretokens, pretokens, split_special
 from xtrain_lessons.bpe_tokenizer import Tokenizer, str_to_token
@@ -291,6 +291,35 @@ def test_loading_a_tokenizers_trained_json_gives_identical_ids(stories_text, tmp
     for text in _hf_cases(stories_text):
         assert ours.encode(text) == hf.encode(text, add_special_tokens=False).ids
     assert json.loads(to_hf_json(ours))["model"]["vocab"] == json.loads(hf.to_str())["model"]["vocab"]
+
+
+def gpt2_layout(tok) -> dict:
+    """`tok` written the way GPT-2's own tokenizer.json is laid out: the bytes in GPT-2's order
+    (printable ones first), merged tokens after them, <|endoftext|> last, a post-processor."""
+    from xtrain_lessons.bpe_tokenizer import bytes_to_unicode, token_to_str
+
+    printable = [b for b in range(256) if bytes_to_unicode()[b] == chr(b)]
+    order = [bytes([b]) for b in printable + [b for b in range(256) if b not in printable]]
+    order += [a + b for a, b in tok.merges]
+    vocab = {token_to_str(t): i for i, t in enumerate(dict.fromkeys(order))}
+    vocab[EOT] = len(vocab)
+    j = to_hf_dict(tok)
+    j["model"]["vocab"] = vocab
+    j["added_tokens"][0]["id"] = vocab[EOT]
+    j["post_processor"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True}
+    return j
+
+
+def test_a_gpt2_laid_out_json_reads_with_identical_ids(tok, stories_text):
+    from tokenizers import Tokenizer as HFTokenizer
+
+    text = json.dumps(gpt2_layout(tok))
+    hf, ours = HFTokenizer.from_str(text), from_hf_json(text)
+    assert ours.special_ids[EOT] == len(ours.vocab) - 1 and ours.byte_ids[ord("!")] == 0
+    for case in _hf_cases(stories_text):
+        ids = ours.encode(case)
+        assert ids == hf.encode(case, add_special_tokens=False).ids
+        assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=False) == case
 
 
 def test_unsupported_tokenizer_json_is_refused_by_name(tok):
