@@ -6,6 +6,8 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from xtrain_lessons.bpe_hf import (
     EngineTokenizer, from_hf_json, load_hf, save_pretrained, to_hf_dict, to_hf_json, train_engine_tokenizer,
@@ -106,6 +108,13 @@ def test_ties_go_to_the_lexicographically_greatest_pair():
     assert merges == [(b"c", b"d")]
     _, merges = train_bpe_from_text("zz zz a a", 258, special_tokens=[EOT])
     assert merges == [(b"z", b"z")]
+
+
+def test_a_file_of_only_special_tokens_trains_no_merge(tmp_path):
+    p = tmp_path / "eot.txt"
+    p.write_text(EOT * 50, encoding="utf-8")
+    vocab, merges = train_bpe(p, 400, [EOT])
+    assert merges == [] and len(vocab) == 257
 
 
 def test_training_is_deterministic(tmp_path, stories_text):
@@ -320,6 +329,27 @@ def test_a_gpt2_laid_out_json_reads_with_identical_ids(tok, stories_text):
         ids = ours.encode(case)
         assert ids == hf.encode(case, add_special_tokens=False).ids
         assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=False) == case
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(max_size=60))
+def test_any_text_round_trips_with_the_ids_of_tokenizers(tok, text):
+    """Property test: any Unicode string (hypothesis draws odd categories and combining marks),
+    so the `regex` module and the Rust regex behind `tokenizers` must split it alike."""
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    assert _hf(tok).encode(text, add_special_tokens=False).ids == ids
+
+
+_HF_CACHE = {}
+
+
+def _hf(tok):
+    from tokenizers import Tokenizer as HFTokenizer
+
+    if id(tok) not in _HF_CACHE:
+        _HF_CACHE[id(tok)] = HFTokenizer.from_str(to_hf_json(tok))
+    return _HF_CACHE[id(tok)]
 
 
 def test_unsupported_tokenizer_json_is_refused_by_name(tok):
