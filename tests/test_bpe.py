@@ -384,6 +384,22 @@ def test_engine_tokenizer_works_with_the_engine(tmp_path, stories_text):
     assert len(ds) > 0
 
 
+def test_tokenizer_impl_switch(tmp_path, stories_text):
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from xtrain_lessons.bpe_hf import load_tokenizer_impl, train_tokenizer_impl
+
+    p = tmp_path / "s.txt"
+    p.write_text(stories_text[:50_000], encoding="utf-8")
+    course, hf = train_tokenizer_impl("course", [p], 400), train_tokenizer_impl("hf", [p], 400)
+    assert isinstance(course, EngineTokenizer) and isinstance(hf, HFTokenizer)
+    course.save(str(tmp_path / "tokenizer.json"))
+    assert isinstance(load_tokenizer_impl("course", tmp_path), EngineTokenizer)
+    assert isinstance(load_tokenizer_impl("hf", tmp_path / "tokenizer.json"), HFTokenizer)
+    with pytest.raises(ValueError, match="one of"):
+        train_tokenizer_impl("rust", [p], 400)
+
+
 def test_a_run_trained_with_our_tokenizer_resumes_and_exports(tmp_path, stories_text, monkeypatch):
     """`xtrain train --tokenizer-impl course`, simulated without touching train.py: the run,
     its resume (which reads tokenizer.json with `tokenizers`) and T09's export closed loop."""

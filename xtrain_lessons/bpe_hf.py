@@ -3,7 +3,7 @@
     text = to_hf_json(tok)                      # tokenizers.Tokenizer.from_str(text): same ids
     tok = from_hf_json(Path("tokenizer.json").read_text())   # a GPT-2-style byte-level BPE
     save_pretrained(tok, "runs/tok")            # tokenizer.json + tokenizer_config.json (AutoTokenizer)
-    eng = train_engine_tokenizer(["data/stories.txt"], 2048)  # what `xtrain train` needs
+    eng = train_tokenizer_impl("course", ["data/stories.txt"], 2048)  # xtrain train --tokenizer-impl
 
 The file is the one `tokenizer.py` writes with the `tokenizers` trainer: a BPE model whose
 vocab keys are the tokens' bytes in GPT-2's printable form ("Ġthe"), merges as "a b" strings,
@@ -180,3 +180,28 @@ def train_engine_tokenizer(files, vocab_size: int, progress: bool = False) -> En
 
 def load_engine_tokenizer(path: str | os.PathLike) -> EngineTokenizer:
     return EngineTokenizer(load_hf(path))
+
+
+IMPLS = ("course", "hf")
+
+
+def train_tokenizer_impl(impl: str, files, vocab_size: int):
+    """`xtrain train --tokenizer-impl`: "course" trains with bpe_train, "hf" with `tokenizers`."""
+    if impl == "course":
+        return train_engine_tokenizer(files, vocab_size)
+    if impl == "hf":
+        from .tokenizer import train_tokenizer  # noqa: PLC0415
+
+        return train_tokenizer(files, vocab_size)
+    raise ValueError(f"tokenizer implementation must be one of {IMPLS}, got {impl!r}")
+
+
+def load_tokenizer_impl(impl: str, path: str | os.PathLike):
+    """A tokenizer.json (or a folder holding one) read by our Tokenizer or by `tokenizers`."""
+    if impl == "course":
+        return load_engine_tokenizer(path)
+    if impl == "hf":
+        from .tokenizer import load_tokenizer  # noqa: PLC0415
+
+        return load_tokenizer(path)
+    raise ValueError(f"tokenizer implementation must be one of {IMPLS}, got {impl!r}")
