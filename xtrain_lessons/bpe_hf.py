@@ -150,7 +150,7 @@ class EngineTokenizer:
         return self.tok.decode(ids)
 
     def get_vocab_size(self, with_added_tokens: bool = True) -> int:
-        return len(self.tok.vocab)
+        return max(self.tok.vocab) + 1  # the embedding size: every id must fit
 
     def token_to_id(self, token: str) -> int | None:
         if token in self.tok.special_ids:
