@@ -422,3 +422,16 @@ def test_a_run_trained_with_our_tokenizer_resumes_and_exports(tmp_path, stories_
     report = closed_loop_check(done.model, first.tokenizer, tmp_path / "hf", ["Once upon a time"], n_tokens=5)
     assert report["tokenizer_ids_equal"] is True, report["summary"]
     assert report["greedy_identical"] and all(report["greedy_identical"]), report["summary"]
+
+
+def test_the_benchmark_runs_and_reports_consistent_results(tmp_path, stories_text):
+    """A smoke test of bench_tokenizer on a small corpus (its numbers are not asserted)."""
+    from xtrain_lessons.bench_tokenizer import bench_tokenizer, format_results
+
+    p = tmp_path / "s.txt"
+    text = stories_text[:40_000]
+    p.write_text(text[:text.rfind(EOT)] + EOT + "\n", encoding="utf-8")
+    r = bench_tokenizer(p, vocab_size=400, rounds=1, scale=3, progress=lambda m: None)
+    assert r["naive_vs_incremental"]["same_merges"] and r["encode_mb_per_s"]["same_ids"]
+    assert r["stream"]["3x"]["tokens"] > 2.9 * r["stream"]["1x"]["tokens"]
+    assert "tokenizers" in format_results(r)
