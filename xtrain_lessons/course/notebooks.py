@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 SOLUTIONS = REPO / "solutions"
 NOTEBOOKS = REPO / "notebooks"
 
-_BEGIN = re.compile(r"^(?P<indent>[ \t]*)(?P<comment>#|//) BEGIN SOLUTION (?P<id>T\d\d\.\d+)\s+(?P<name>.+?)\s*$")
+_BEGIN = re.compile(r"^(?P<indent>[ \t]*)(?P<comment>#|//) BEGIN SOLUTION (?P<id>T\d\d[a-z]?\.\d+)\s+(?P<name>.+?)\s*$")
 _END = re.compile(r"^[ \t]*(?P<comment>#|//) END SOLUTION\s*$")
 
 
@@ -121,7 +121,8 @@ def _write_atomic(nb, path: Path) -> None:
 
 
 def solution_paths(names: list[str] | None = None) -> list[Path]:
-    paths = sorted(SOLUTIONS.glob("T[0-9][0-9]_*.ipynb"))
+    # TNN_ and, for a phase inserted later between two others, TNNx_ (T05b sorts after T05_).
+    paths = sorted(p for p in SOLUTIONS.glob("T*.ipynb") if re.match(r"T\d\d[a-z]?_", p.name))
     if names:
         paths = [p for p in paths if any(p.stem.startswith(n) or p.name == n for n in names)]
     return paths
