@@ -1,13 +1,13 @@
 """Benchmark the course's BPE against `tokenizers`: python scripts/bench_bpe.py [--json] [--rounds 3].
 
-The same function is meant for `xtrain bench tokenizer` (xtrain_lessons/bench_tokenizer.py).
+The same function is meant for `xtrain bench tokenizer` (xtrain_lessons/measure/bench_tokenizer.py).
 """
 
 import argparse
 import json
 import sys
 
-from xtrain_lessons.bench_tokenizer import bench_tokenizer, format_results
+from xtrain_lessons.measure.bench_tokenizer import bench_tokenizer, format_results
 
 
 def main() -> int:

@@ -16,6 +16,8 @@ PHASES = {
     "T04": ("autograd", ["autograd/tensor.py", "autograd/ops.py", "autograd/gradcheck.py"],
             ["test_autograd.py", "test_gradcheck.py", "test_ops_torch_parity.py"]),
     "T05": ("transformer", ["model/layers.py", "model/qwen3.py"], ["test_model_parity.py"]),
+    "T05b": ("bpe_tokenizer", ["training/bpe_pretokenize.py", "training/bpe_train.py", "training/bpe_tokenizer.py",
+                               "training/bpe_hf.py", "measure/bench_tokenizer.py"], ["test_bpe.py"]),
     "T06": ("training", ["training/config.py", "training/loop.py", "training/deferred.py",
                          "training/optim.py", "training/schedule.py", "training/data.py",
                          "training/fetch.py", "training/tokenizer.py", "training/checkpoint.py",

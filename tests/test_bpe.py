@@ -9,13 +9,25 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from xtrain_lessons.bpe_hf import (
-    EngineTokenizer, from_hf_json, load_hf, save_pretrained, to_hf_dict, to_hf_json, train_engine_tokenizer,
+from xtrain_lessons.training.bpe_hf import (
+    EngineTokenizer,
+    from_hf_json,
+    load_hf,
+    save_pretrained,
+    to_hf_dict,
+    to_hf_json,
+    train_engine_tokenizer,
 )
-from xtrain_lessons.bpe_pretokenize import count_file, count_pretokens, pretokens, split_special
-from xtrain_lessons.bpe_tokenizer import Tokenizer, str_to_token
-from xtrain_lessons.bpe_train import (
-    _Vocab, count_pairs, merge_incremental, merge_naive, merge_word, train_bpe, train_bpe_from_text,
+from xtrain_lessons.training.bpe_pretokenize import count_file, count_pretokens, pretokens, split_special
+from xtrain_lessons.training.bpe_tokenizer import Tokenizer, str_to_token
+from xtrain_lessons.training.bpe_train import (
+    _Vocab,
+    count_pairs,
+    merge_incremental,
+    merge_naive,
+    merge_word,
+    train_bpe,
+    train_bpe_from_text,
     words_from_counts,
 )
 
@@ -142,7 +154,7 @@ def test_merges_equal_tokenizers_trainer_until_the_first_tie(trained):
     """Both take the most frequent pair; they differ only in how they break a tie: we take
     the greatest pair of byte strings, `tokenizers` the pair of smallest ids in its own vocab
     (bytes ordered by their printable character, then merged tokens by creation)."""
-    from xtrain_lessons.tokenizer import train_tokenizer
+    from xtrain_lessons.training.tokenizer import train_tokenizer
 
     _, ours = trained
     hf = train_tokenizer([STORIES], 1024, min_frequency=0)
@@ -291,7 +303,7 @@ def test_trained_on_the_corpus_equals_autotokenizer_on_the_whole_corpus(tok, tmp
 
 def test_loading_a_tokenizers_trained_json_gives_identical_ids(stories_text, tmp_path):
     """A GPT-2-style tokenizer.json made by `tokenizers` (bytes in its own order, not ours)."""
-    from xtrain_lessons.tokenizer import save_tokenizer, train_tokenizer
+    from xtrain_lessons.training.tokenizer import save_tokenizer, train_tokenizer
 
     hf = train_tokenizer([STORIES], 800)
     save_tokenizer(hf, tmp_path / "tokenizer.json")
@@ -305,7 +317,7 @@ def test_loading_a_tokenizers_trained_json_gives_identical_ids(stories_text, tmp
 def gpt2_layout(tok) -> dict:
     """`tok` written the way GPT-2's own tokenizer.json is laid out: the bytes in GPT-2's order
     (printable ones first), merged tokens after them, <|endoftext|> last, a post-processor."""
-    from xtrain_lessons.bpe_tokenizer import bytes_to_unicode, token_to_str
+    from xtrain_lessons.training.bpe_tokenizer import bytes_to_unicode, token_to_str
 
     printable = [b for b in range(256) if bytes_to_unicode()[b] == chr(b)]
     order = [bytes([b]) for b in printable + [b for b in range(256) if b not in printable]]
@@ -365,8 +377,8 @@ def test_unsupported_tokenizer_json_is_refused_by_name(tok):
 
 def test_engine_tokenizer_works_with_the_engine(tmp_path, stories_text):
     """What `xtrain train --tokenizer-impl course` relies on: the engine's tokenizer helpers."""
-    from xtrain_lessons import tokenizer as engine
-    from xtrain_lessons.data import TokenDataset, prepare
+    from xtrain_lessons.training import tokenizer as engine
+    from xtrain_lessons.training.data import TokenDataset, prepare
 
     p = tmp_path / "s.txt"
     p.write_text(stories_text[:100_000], encoding="utf-8")
@@ -387,7 +399,7 @@ def test_engine_tokenizer_works_with_the_engine(tmp_path, stories_text):
 def test_tokenizer_impl_switch(tmp_path, stories_text):
     from tokenizers import Tokenizer as HFTokenizer
 
-    from xtrain_lessons.bpe_hf import load_tokenizer_impl, train_tokenizer_impl
+    from xtrain_lessons.training.bpe_hf import load_tokenizer_impl, train_tokenizer_impl
 
     p = tmp_path / "s.txt"
     p.write_text(stories_text[:50_000], encoding="utf-8")
@@ -403,9 +415,10 @@ def test_tokenizer_impl_switch(tmp_path, stories_text):
 def test_a_run_trained_with_our_tokenizer_resumes_and_exports(tmp_path, stories_text, monkeypatch):
     """`xtrain train --tokenizer-impl course`, simulated without touching train.py: the run,
     its resume (which reads tokenizer.json with `tokenizers`) and T09's export closed loop."""
-    from xtrain_lessons import tokenizer as engine
-    from xtrain_lessons.export import closed_loop_check, export_hf
-    from xtrain_lessons.train import TrainConfig, train
+    from xtrain_lessons.training import tokenizer as engine
+    from xtrain_lessons.interop.hf import closed_loop_check, export_hf
+    from xtrain_lessons.training.config import TrainConfig
+    from xtrain_lessons.training.loop import train
 
     corpus = tmp_path / "small.txt"
     text = stories_text[:30_000]
@@ -426,7 +439,7 @@ def test_a_run_trained_with_our_tokenizer_resumes_and_exports(tmp_path, stories_
 
 def test_the_benchmark_runs_and_reports_consistent_results(tmp_path, stories_text):
     """A smoke test of bench_tokenizer on a small corpus (its numbers are not asserted)."""
-    from xtrain_lessons.bench_tokenizer import bench_tokenizer, format_results
+    from xtrain_lessons.measure.bench_tokenizer import bench_tokenizer, format_results
 
     p = tmp_path / "s.txt"
     text = stories_text[:40_000]

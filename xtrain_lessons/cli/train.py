@@ -42,6 +42,8 @@ _FLAGS = [
     ("--seed", "seed", int, "seed of the model init and the data stream"),
     ("--tokenizer", "tokenizer", str, "use this tokenizer.json instead of training one on --data"),
     ("--vocab-size", "vocab_size", int, "vocabulary size when training the tokenizer"),
+    ("--tokenizer-impl", "tokenizer_impl", str, "who trains and runs the BPE: course (the course's own, "
+     "phase T05b; default) or hf (the tokenizers library); the same tokenizer.json either way"),
     ("--batch-size", "batch_size", int, "sequences per step"),
     ("--seq-len", "seq_len", int, "tokens per sequence"),
     ("--max-lr", "max_lr", float, "peak learning rate (after warmup)"),

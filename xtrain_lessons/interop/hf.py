@@ -225,7 +225,6 @@ def _tokenizer_config(eot: str | None, max_len: int) -> dict:
 def _to_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
     a = np.ascontiguousarray(a, dtype=np.float32)
     if dtype == "bfloat16":
-
         return a.astype(ml_dtypes.bfloat16)  # round to nearest even
     return a
 

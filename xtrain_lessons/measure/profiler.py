@@ -105,7 +105,6 @@ class OpProfiler:
                     prof._stack[-1] += elapsed
             name = label
             if kind == "forward":
-
                 if isinstance(out, Tensor):
                     name = out.op if out.op != "leaf" else label
                     if out._backward is not None:

@@ -87,7 +87,6 @@ _blas_fns = None  # (getters, setters) found in the loaded OpenBLAS libraries
 def _blas():
     global _blas_fns
     if _blas_fns is None:
-
         getters, setters = [], []
         try:
             maps = open("/proc/self/maps", encoding="utf-8").read()  # Linux: loaded libraries

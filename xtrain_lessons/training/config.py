@@ -40,6 +40,8 @@ class TrainConfig:
     data: str | None = None         # UTF-8 text, documents separated by <|endoftext|> lines
     tokenizer: str | None = None    # a tokenizer.json to use instead of training one
     vocab_size: int = 2048          # when training the tokenizer (tokenizer.DEFAULT_VOCAB_SIZE)
+    tokenizer_impl: str = "course"  # who trains and runs the BPE: "course" (bpe_*.py, phase T05b) or
+                                    # "hf" (the tokenizers library); the same tokenizer.json either way
     val_fraction: float = 0.05
     # optimisation
     steps: int = 500                # default run: ~1M tokens; see the time_limit guard below
@@ -149,6 +151,8 @@ class TrainConfig:
         _require(_finite(self.eps) and self.eps > 0, "eps", "a finite number > 0", self.eps)
         _require(0.0 < self.val_fraction < 1.0, "val_fraction", "in (0, 1)", self.val_fraction)
         _require(self.dtype in ("float32", "bf16"), "dtype", "'float32' or 'bf16'", self.dtype)
+        _require(self.tokenizer_impl in ("course", "hf"), "tokenizer_impl", "'course' or 'hf'",
+                 self.tokenizer_impl)
         _require(self.preset in PRESETS, "preset", f"one of {sorted(PRESETS)}", self.preset)
         return self
 

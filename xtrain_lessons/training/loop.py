@@ -81,6 +81,7 @@ from xtrain_lessons.parallel.ddp import (
 )
 from xtrain_lessons.runtime import cpu_threads
 from xtrain_lessons.runtime.device import array_module, get_device, to_device
+from xtrain_lessons.training.bpe_hf import load_tokenizer_impl, train_tokenizer_impl
 from xtrain_lessons.training.checkpoint import (
     CheckpointCorruptError,
     CheckpointMismatchError,
@@ -105,7 +106,7 @@ from xtrain_lessons.training.metrics import last_sample, plot_metrics, read_metr
 from xtrain_lessons.training.optim import AdamW, clip_grad_norm, global_grad_norm
 from xtrain_lessons.training.rundir import RunDir, RunLock, config_hash, default_run_dir, new_run_id
 from xtrain_lessons.training.schedule import lr_at
-from xtrain_lessons.training.tokenizer import load_tokenizer, save_tokenizer, tokenizer_hash, train_tokenizer
+from xtrain_lessons.training.tokenizer import save_tokenizer, tokenizer_hash
 from xtrain_lessons.training.validation import evaluate, sample_text
 
 __all__ = ["TrainResult", "train", "TrainingDiverged", "make_optimizer", "Trainer"]
@@ -287,12 +288,12 @@ class Trainer:
             if not Path(cfg.data).exists():
                 raise FileNotFoundError(f"training text not found: {cfg.data}")
         if not fresh:
-            return load_tokenizer(self.dir.tokenizer)
+            return load_tokenizer_impl(cfg.tokenizer_impl, self.dir.tokenizer)
         if cfg.tokenizer:
-            tok = load_tokenizer(cfg.tokenizer)
+            tok = load_tokenizer_impl(cfg.tokenizer_impl, cfg.tokenizer)
         else:
             t0 = time.perf_counter()
-            tok = train_tokenizer([str(cfg.data)], cfg.vocab_size)
+            tok = train_tokenizer_impl(cfg.tokenizer_impl, [str(cfg.data)], cfg.vocab_size)
             self.say(f"tokenizer: trained a {tok.get_vocab_size()}-token BPE on {cfg.data} "
                      f"in {time.perf_counter() - t0:.1f}s")
         save_tokenizer(tok, self.dir.tokenizer)

@@ -21,7 +21,9 @@ import heapq
 import os
 from collections import Counter, defaultdict
 
-from .bpe_pretokenize import count_file, count_pretokens
+from tqdm.auto import tqdm
+
+from xtrain_lessons.training.bpe_pretokenize import count_file, count_pretokens
 
 Pair = tuple[int, int]
 
@@ -65,7 +67,6 @@ def merge_word(word: list[int], pair: Pair, new_id: int) -> list[int]:
 
 class _Vocab:
     """id <-> bytes, growing by one token per merge (or reusing one whose bytes exist)."""
-
     def __init__(self, special_tokens):
         self.vocab = initial_vocab(special_tokens)
         self.ids = {b: i for i, b in self.vocab.items()}
@@ -171,7 +172,6 @@ def _pop_best(heap, pair_counts):
 def _bar(progress: bool, total: int):
     if not progress:
         return None
-    from tqdm.auto import tqdm  # noqa: PLC0415
 
     return tqdm(total=total, desc="BPE merges", unit="merge")
 

@@ -23,8 +23,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bpe_tokenizer import Tokenizer, str_to_token, token_to_str
-from .bpe_train import train_bpe
+from xtrain_lessons.training.bpe_tokenizer import Tokenizer, _atomic_write, str_to_token, token_to_str
+from xtrain_lessons.training.bpe_train import train_bpe
+from xtrain_lessons.training.tokenizer import load_tokenizer, train_tokenizer
 
 EOT = "<|endoftext|>"
 BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
@@ -111,8 +112,6 @@ def load_hf(path: str | os.PathLike) -> Tokenizer:
 
 def save_pretrained(tok: Tokenizer, out_dir: str | os.PathLike) -> Path:
     """tokenizer.json + tokenizer_config.json in `out_dir`, for `AutoTokenizer.from_pretrained`."""
-    from .bpe_tokenizer import _atomic_write  # noqa: PLC0415
-
     out = Path(out_dir)
     _atomic_write(out / "tokenizer.json", to_hf_json(tok, pretty=True))
     eot = EOT if EOT in tok.special_tokens else (tok.special_tokens or [None])[0]
@@ -133,7 +132,6 @@ class Encoding:
 
 class EngineTokenizer:
     """Our Tokenizer behind the `tokenizers.Tokenizer` methods the engine uses."""
-
     def __init__(self, tok: Tokenizer):
         self.tok = tok
 
@@ -164,7 +162,6 @@ class EngineTokenizer:
         return to_hf_json(self.tok, pretty)
 
     def save(self, path: str, pretty: bool = True) -> None:
-        from .bpe_tokenizer import _atomic_write  # noqa: PLC0415
 
         _atomic_write(path, to_hf_json(self.tok, pretty))
 
@@ -190,8 +187,6 @@ def train_tokenizer_impl(impl: str, files, vocab_size: int):
     if impl == "course":
         return train_engine_tokenizer(files, vocab_size)
     if impl == "hf":
-        from .tokenizer import train_tokenizer  # noqa: PLC0415
-
         return train_tokenizer(files, vocab_size)
     raise ValueError(f"tokenizer implementation must be one of {IMPLS}, got {impl!r}")
 
@@ -201,7 +196,5 @@ def load_tokenizer_impl(impl: str, path: str | os.PathLike):
     if impl == "course":
         return load_engine_tokenizer(path)
     if impl == "hf":
-        from .tokenizer import load_tokenizer  # noqa: PLC0415
-
         return load_tokenizer(path)
     raise ValueError(f"tokenizer implementation must be one of {IMPLS}, got {impl!r}")

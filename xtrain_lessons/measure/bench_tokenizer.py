@@ -23,6 +23,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from tokenizers import Tokenizer as HFTokenizer
+
+from xtrain_lessons.training import tokenizer as engine
+from xtrain_lessons.training.bpe_hf import save_pretrained, to_hf_json, train_engine_tokenizer
+from xtrain_lessons.training.bpe_pretokenize import count_file
+from xtrain_lessons.training.bpe_tokenizer import Tokenizer
+from xtrain_lessons.training.bpe_train import merge_incremental, merge_naive
+from xtrain_lessons.training.data import prepare, read_documents
+
 EOT = "<|endoftext|>"
 
 
@@ -40,7 +49,7 @@ def _stream_peak_rss(path: Path, tok_json: Path) -> dict:
     inherits from its parent) of a fresh process streaming `path` through encode_iterable."""
     code = (
         "import re, time\n"
-        "from xtrain_lessons.bpe_hf import load_hf\n"
+        "from xtrain_lessons.training.bpe_hf import load_hf\n"
         "hwm = lambda: int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1]) / 1024\n"
         f"tok = load_hf({str(tok_json)!r})\n"
         "base = hwm()\n"
@@ -58,14 +67,7 @@ def _stream_peak_rss(path: Path, tok_json: Path) -> dict:
 def bench_tokenizer(corpus="data/stories.txt", vocab_size: int = 2048, rounds: int = 3,
                     scale: int = 100, naive: bool = True, progress=print) -> dict:
     """Run every measurement; returns a dict of numbers (see the module docstring)."""
-    from tokenizers import Tokenizer as HFTokenizer  # noqa: PLC0415
 
-    from . import tokenizer as engine  # noqa: PLC0415
-    from .bpe_hf import save_pretrained, to_hf_json, train_engine_tokenizer  # noqa: PLC0415
-    from .bpe_pretokenize import count_file  # noqa: PLC0415
-    from .bpe_tokenizer import Tokenizer  # noqa: PLC0415
-    from .bpe_train import merge_incremental, merge_naive  # noqa: PLC0415
-    from .data import prepare, read_documents  # noqa: PLC0415
 
     corpus = Path(corpus)
     text = corpus.read_text(encoding="utf-8")

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from pathlib import Path
 
-from .bpe_pretokenize import GPT2_RE, special_regex, split_special
+from xtrain_lessons.training.bpe_pretokenize import GPT2_RE, special_regex, split_special
 
 # A pre-token may still change when more text arrives if the regex looked near the end of
 # what has arrived: it looks at most 2 characters past a match's start (from "'" towards
@@ -68,7 +69,6 @@ def str_to_token(s: str) -> bytes:
 
 class Tokenizer:
     """Byte-level BPE encoder/decoder. vocab: id -> bytes; merges: [(bytes, bytes)] in order."""
-
     def __init__(self, vocab: dict[int, bytes], merges, special_tokens=None, cache_size: int = 1 << 16):
         self.vocab = dict(vocab)
         self.special_tokens = list(dict.fromkeys(special_tokens or ()))
@@ -217,7 +217,6 @@ class Tokenizer:
 
 
 def _atomic_write(path, text: str) -> None:
-    import tempfile  # noqa: PLC0415
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
