@@ -201,7 +201,7 @@ def decode_latin1(ids, vocab):
     return b"".join(vocab[i] for i in ids).decode("latin-1")
 
 
-MUTANTS = {
+BY_CHECK = {
     "check_pretokenize": [pretokenize_ignores_specials, pretokenize_shortest_special_first,
                           pretokenize_drops_specials, pretokenize_whitespace_split,
                           pretokenize_no_trailing_space_rule],
@@ -213,6 +213,10 @@ MUTANTS = {
                          bpe_encode_longest_match, bpe_encode_one_merge_only],
     "check_decode": [decode_token_by_token, decode_ignoring_errors, decode_strict, decode_latin1],
 }
+# the same mutants in tests/test_mutants.py's format: exercise id -> {what the mistake is: mutant}
+_EXERCISES = {"check_pretokenize": "T05b.1", "check_merge_step": "T05b.2", "check_apply_merge": "T05b.3",
+              "check_bpe_encode": "T05b.4", "check_decode": "T05b.5"}
+MUTANTS = {_EXERCISES[c]: {f.__name__.replace("_", " "): f for f in fns} for c, fns in BY_CHECK.items()}
 SOLUTIONS = {"check_pretokenize": "pretokenize", "check_merge_step": "merge_step",
              "check_apply_merge": "apply_merge", "check_bpe_encode": "bpe_encode", "check_decode": "decode"}
 
@@ -233,13 +237,13 @@ def notebook():
     return ns
 
 
-@pytest.mark.parametrize("check_name", sorted(MUTANTS))
+@pytest.mark.parametrize("check_name", sorted(BY_CHECK))
 def test_solution_passes_and_every_mutant_is_rejected(notebook, check_name, capsys):
     check = notebook[check_name]
     solution = notebook[SOLUTIONS[check_name]]
     assert check(solution) is solution, capsys.readouterr().out
-    assert len(MUTANTS[check_name]) >= 3
-    for mutant in MUTANTS[check_name]:
+    assert len(BY_CHECK[check_name]) >= 3
+    for mutant in BY_CHECK[check_name]:
         assert check(mutant) is not mutant, f"{mutant.__name__} passed {check_name}"
     out = capsys.readouterr().out
-    assert out.count("fail") >= len(MUTANTS[check_name]), out
+    assert out.count("fail") >= len(BY_CHECK[check_name]), out

@@ -105,14 +105,6 @@ CLIPPED = [clip_none, clip_both_directions, clip_max, clip_unmasked]
 
 # ----- T20.4 completion_logprobs_batched --------------------------------------------------
 
-def _batched(model, seqs_in, seqs_tg, starts, lens, pad_id=0):
-    ids, _ = pad_batch(seqs_in, pad_id)
-    targets, _ = pad_batch(seqs_tg, pad_id)
-    with no_grad():
-        lp = token_logprobs(model(ids), targets).numpy()
-    return [lp[b, s:s + n] for b, (s, n) in enumerate(zip(starts, lens))]
-
-
 def batched_left_padded(model, rollouts, pad_id=0):
     """Left padding: the real tokens sit at other positions (RoPE) and see the pads."""
     seqs = [list(r.prompt_ids) + list(r.ids) for r in rollouts]
@@ -130,21 +122,31 @@ def batched_left_padded(model, rollouts, pad_id=0):
 def batched_off_by_one(model, rollouts, pad_id=0):
     """Slices from len(prompt) instead of len(prompt) - 1: drops the first completion token."""
     seqs = [list(r.prompt_ids) + list(r.ids) for r in rollouts]
-    return _batched(model, [s[:-1] for s in seqs], [s[1:] for s in seqs],
-                    [len(r.prompt_ids) for r in rollouts], [len(r.ids) for r in rollouts], pad_id)
+    ids, _ = pad_batch([s[:-1] for s in seqs], pad_id)
+    targets, _ = pad_batch([s[1:] for s in seqs], pad_id)
+    with no_grad():
+        lp = token_logprobs(model(ids), targets).numpy()
+    return [lp[b, len(r.prompt_ids):len(r.prompt_ids) + len(r.ids)] for b, r in enumerate(rollouts)]
 
 
 def batched_no_shift(model, rollouts, pad_id=0):
     """Scores token t with the logits at position t (which predict token t + 1)."""
     seqs = [list(r.prompt_ids) + list(r.ids) for r in rollouts]
-    return _batched(model, seqs, seqs, [len(r.prompt_ids) for r in rollouts],
-                    [len(r.ids) for r in rollouts], pad_id)
+    ids, _ = pad_batch(seqs, pad_id)
+    with no_grad():
+        lp = token_logprobs(model(ids), ids).numpy()
+    return [lp[b, len(r.prompt_ids):len(r.prompt_ids) + len(r.ids)] for b, r in enumerate(rollouts)]
 
 
 GATES = [batched_left_padded, batched_off_by_one, batched_no_shift]
 
 
 # ----- the notebook's references and cases --------------------------------------------------
+
+# tests/test_mutants.py's format: exercise id -> {what the mistake is: mutant}
+MUTANTS = {ex: {f.__name__.replace("_", " "): f for f in fns}
+           for ex, fns in (("T20.1", ADVANTAGES), ("T20.2", MEANS), ("T20.3", CLIPPED), ("T20.4", GATES))}
+
 
 def rollout_list(vocab, seed, n=6):
     r = np.random.default_rng(seed)
