@@ -175,7 +175,9 @@ def test_checks_reject_every_mutant(stem):
     # one process per notebook: a kernel mutant without its bounds guard writes past a buffer,
     # which may bring down the process that ran it (as it would a learner's Jupyter kernel)
     res = subprocess.run([sys.executable, __file__, stem], capture_output=True, text=True, timeout=600,
-                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO),
+                              # a kernel mutant without its bounds guard is reported, not a segfault
+                              "XTRAIN_SANITIZE": "1"})
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
 
 

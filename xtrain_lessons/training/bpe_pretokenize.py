@@ -105,8 +105,8 @@ def _count_range(args) -> Counter:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path} is not UTF-8 text (invalid byte at offset {start + e.start}); "
-                         f"convert it to UTF-8 first") from None
+        raise ValueError(f"{path} is not valid UTF-8 (byte {start + e.start}: {e.reason}); "
+                         f"convert it first, e.g. `iconv -f latin1 -t utf-8`") from None
     return count_pretokens(text, special_tokens)
 
 
