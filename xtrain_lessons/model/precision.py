@@ -58,7 +58,8 @@ from xtrain_lessons.runtime.device import on_gpu
 
 __all__ = ["BF16", "to_bf16", "to_f32", "bf16_bits", "cast", "cast_params", "linear", "rmsnorm",
            "rope", "causal_attention", "swiglu", "dropout", "cross_entropy", "forward_bf16",
-           "loss_bf16", "POLICY", "COMPUTE_DTYPES"]
+           "loss_bf16", "POLICY", "COMPUTE_DTYPES", "FP16", "LOW_DTYPES", "to_low", "forward_lowp",
+           "loss_lowp"]
 
 try:  # ml_dtypes ships with jax/torch-less installs too; it is a dependency of this phase
 
@@ -66,7 +67,9 @@ try:  # ml_dtypes ships with jax/torch-less installs too; it is a dependency of 
 except ImportError:  # pragma: no cover
     BF16 = None
 
-COMPUTE_DTYPES = ("float32", "bf16")
+FP16 = np.dtype(np.float16)
+COMPUTE_DTYPES = ("float32", "bf16", "fp16")
+LOW_DTYPES = {"bf16": BF16, "fp16": FP16}
 
 #: op -> (arithmetic, output stored as, kept for backward)
 POLICY = {
@@ -113,24 +116,33 @@ def bf16_bits(a) -> np.ndarray:
     return to_bf16(np.asarray(a, dtype=np.float32)).view(np.uint16)
 
 
-def _round(a):
-    """Round a float32 result to bf16 storage."""
-    return a.astype(BF16)
+def _round(a, low=None):
+    """Round a float32 result to the low-precision storage dtype (bf16 unless `low`).
+    fp16 overflows above 65504 to inf: that is what a GPU does, and what loss scaling detects."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return a.astype(low or BF16)
+
+
+def to_low(a, low=None):
+    """`a` as `low` (bf16 unless given; no copy if it already is)."""
+    if low is None or low == BF16:
+        return to_bf16(a)
+    return a if a.dtype == low else _round(a, low)
 
 
 # ----------------------------------------------------------------------------------------
 # weights
 
 
-def cast(t: Tensor) -> Tensor:
+def cast(t: Tensor, low=None) -> Tensor:
     """A bf16 copy of a float32 Tensor as a graph node: the gradient flows back, cast to
     the master's dtype, into the master's `.grad`."""
     t = as_tensor(t)
-    return make_node(to_bf16(t.data), (t,), lambda g: (to_f32(g).astype(t.dtype, copy=False),),
-                     "to_bf16")
+    return make_node(to_low(t.data, low), (t,), lambda g: (to_f32(g).astype(t.dtype, copy=False),),
+                     "to_bf16" if low is None else f"to_{np.dtype(low).name}")
 
 
-def cast_params(params: dict, names=None) -> dict:
+def cast_params(params: dict, names=None, low=None) -> dict:
     """name -> bf16 copy of every matmul weight (2-D, not the embedding table); other
     parameters (norm gains, the embedding) are returned as they are (float32)."""
     out = {}
@@ -138,7 +150,7 @@ def cast_params(params: dict, names=None) -> dict:
         matmul_weight = p.ndim == 2 and "embed_tokens" not in name
         if names is not None:
             matmul_weight = name in names
-        out[name] = cast(p) if matmul_weight else p
+        out[name] = cast(p, low) if matmul_weight else p
     return out
 
 
@@ -146,16 +158,16 @@ def cast_params(params: dict, names=None) -> dict:
 # ops: float32 arithmetic on bf16 values, bf16 outputs and saved activations
 
 
-def linear(x: Tensor, w: Tensor, out_dtype=None) -> Tensor:
+def linear(x: Tensor, w: Tensor, out_dtype=None, low=None) -> Tensor:
     """y = x @ w.T with bf16 operands, float32 accumulation, output rounded to bf16."""
     n_in = x.shape[-1]
     if w.shape[1] != n_in:
         raise ValueError(f"linear: input has {n_in} features but weight is {w.shape} (out, in)")
     _need_numpy(x.data)
-    x16 = to_bf16(x.data).reshape(-1, n_in)  # stored (a view of x.data if x is bf16 already)
-    w16 = to_bf16(w.data)
+    x16 = to_low(x.data, low).reshape(-1, n_in)  # stored (a view of x.data if already low)
+    w16 = to_low(w.data, low)
     y = to_f32(x16) @ to_f32(w16).T
-    y = (y if out_dtype == np.float32 else _round(y)).reshape(*x.shape[:-1], w.shape[0])
+    y = (y if out_dtype == np.float32 else _round(y, low)).reshape(*x.shape[:-1], w.shape[0])
 
     def backward(g):
         g2 = to_f32(g).reshape(-1, w.shape[0])
@@ -166,14 +178,14 @@ def linear(x: Tensor, w: Tensor, out_dtype=None) -> Tensor:
     return make_node(y, (x, w), backward, "linear_bf16")
 
 
-def rmsnorm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+def rmsnorm(x: Tensor, weight: Tensor, eps: float = 1e-6, low=None) -> Tensor:
     """RMSNorm with float32 statistics; output and saved x̂ in bf16, 1/rms in float32."""
     xf = to_f32(x.data)
     D = x.shape[-1]
     r = (np.float32(1.0) / np.sqrt((xf * xf).mean(axis=-1, keepdims=True) + np.float32(eps)))
     xhat = xf * r
-    out = _round(xhat * weight.data)
-    xhat16 = _round(xhat)
+    out = _round(xhat * weight.data, low)
+    xhat16 = _round(xhat, low)
 
     def backward(g):
         gf, xh = to_f32(g), to_f32(xhat16)
@@ -188,12 +200,12 @@ def rmsnorm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
     return make_node(out, (x, as_tensor(weight)), backward, "rmsnorm_bf16")
 
 
-def rope(x: Tensor, cos, sin) -> Tensor:
+def rope(x: Tensor, cos, sin, low=None) -> Tensor:
     """Rotary embedding in float32 on bf16 input; output bf16."""
     B, T, H, D = x.shape
     c, s = cos[None, :, None, :], sin[None, :, None, :]
     xf = to_f32(x.data)
-    out = _round(xf * c + rotate_half(xf) * s)
+    out = _round(xf * c + rotate_half(xf) * s, low)
 
     def backward(g):
         gf = to_f32(g)
@@ -202,7 +214,7 @@ def rope(x: Tensor, cos, sin) -> Tensor:
     return make_node(out, (x,), backward, "rope_bf16")
 
 
-def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, low=None) -> Tensor:
     """Causal grouped-query attention: S = Q K^T (bf16 operands, float32 accumulate), the
     softmax in float32, P rounded to bf16 (stored, and the operand of P V), output bf16."""
     B, T, H, D = q.shape
@@ -217,8 +229,8 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     s -= s.max(axis=-1, keepdims=True)
     np.exp(s, out=s)
     s /= s.sum(axis=-1, keepdims=True)
-    p16 = _round(s.reshape(B, Hkv, -1, T))  # (B, Hkv, G*T, T), kept for backward
-    out = _round(_from_heads(to_f32(p16) @ vh, B, T, H, D))
+    p16 = _round(s.reshape(B, Hkv, -1, T), low)  # (B, Hkv, G*T, T), kept for backward
+    out = _round(_from_heads(to_f32(p16) @ vh, B, T, H, D), low)
 
     def backward(g):
         p = to_f32(p16)
@@ -243,17 +255,17 @@ def _sigmoid_f32(gf):
     return np.float32(0.5) * (np.tanh(gf * np.float32(0.5)) + np.float32(1.0))
 
 
-def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+def swiglu(gate: Tensor, up: Tensor, low=None) -> Tensor:
     """silu(gate) * up in float32, output bf16. Like the float32 op it keeps nothing but
     its inputs: the backward recomputes sigmoid and silu from `gate` and rounds them to bf16,
     the same values a stored bf16 copy would hold."""
     gf, uf = to_f32(gate.data), to_f32(up.data)
-    out = _round(gf * _sigmoid_f32(gf) * uf)
+    out = _round(gf * _sigmoid_f32(gf) * uf, low)
 
     def backward(g):
         af = to_f32(gate.data)
         sig = _sigmoid_f32(af)
-        sg, silu = to_f32(_round(sig)), to_f32(_round(af * sig))
+        sg, silu = to_f32(_round(sig, low)), to_f32(_round(af * sig, low))
         gf_, one = to_f32(g), np.float32(1.0)
         dgate = gf_ * to_f32(up.data) * sg * (one + af * (one - sg))
         return dgate, gf_ * silu
@@ -261,16 +273,16 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     return make_node(out, (gate, up), backward, "swiglu_bf16")
 
 
-def dropout(x: Tensor, p: float, seed: int, offset: int) -> Tensor:
+def dropout(x: Tensor, p: float, seed: int, offset: int, low=None) -> Tensor:
     """Inverted dropout with the float32 scale 1/(1-p) (a bf16 scale would bias it), the same
     Philox mask as the float32 model; output bf16."""
 
     scale = dropout_scale(x.shape, p, seed, offset, np.float32)
-    out = _round(to_f32(x.data) * scale)
+    out = _round(to_f32(x.data) * scale, low)
     return make_node(out, (x,), lambda g: (to_f32(g) * scale,), "dropout_bf16")
 
 
-def cross_entropy(logits: Tensor, targets, ignore_index: int = -100) -> Tensor:
+def cross_entropy(logits: Tensor, targets, ignore_index: int = -100, low=None) -> Tensor:
     """Mean cross-entropy, computed in float32 from bf16 logits; returns a float32 scalar.
     exp(z - max) is kept in bf16 (as the float32 op keeps it in float32), the row sums in
     float32."""
@@ -290,7 +302,7 @@ def cross_entropy(logits: Tensor, targets, ignore_index: int = -100) -> Tensor:
     losses = (np.log(s) + m)[:, 0] - x[rows, t_safe]
     with np.errstate(invalid="ignore", divide="ignore"):
         loss = np.asarray((losses * valid).sum() / n_valid, dtype=np.float32)
-    e16 = _round(e)
+    e16 = _round(e, low)
     del e, x
 
     def backward(g):
@@ -307,23 +319,38 @@ def cross_entropy(logits: Tensor, targets, ignore_index: int = -100) -> Tensor:
 # the model's forward under the bf16 policy
 
 
-def forward_bf16(model, ids) -> Tensor:
-    """Logits (B, T, V), bf16, of `model` (a model.Model) with bf16 compute (module doc).
+def forward_lowp(model, ids, dtype: str = "bf16") -> Tensor:
+    """Logits (B, T, V), in `dtype` ("bf16" or "fp16"), of `model` (a model.Model) with
+    low-precision compute (module doc).
 
     The model's own forward (`Model._forward`: QK-norm, GQA, T13 recompute, T18 dropout at
-    the same Philox sites), run with this module's bf16 layer functions and bf16 copies of
-    the weights, cast once per call. The residual stream stays float32.
+    the same Philox sites), run with this module's layer functions and low-precision copies
+    of the weights, cast once per call. The residual stream stays float32.
     """
+    from functools import partial  # noqa: PLC0415
     from types import SimpleNamespace  # noqa: PLC0415
 
     if model.config.attention != "composed":
-        raise ValueError("bf16 compute supports attention='composed' only (not the flash path)")
-    _need_numpy(model.params["lm_head.weight"].data)
-    layers = SimpleNamespace(rmsnorm=rmsnorm, linear=linear, rope=rope, attention=causal_attention,
-                             swiglu=swiglu, dropout=dropout)
-    return model._forward(ids, layers=layers, params=cast_params(model.params))
+        raise ValueError(f"{dtype} compute supports attention='composed' only (not the flash path)")
+    if dtype == "bf16":
+        _need_numpy(model.params["lm_head.weight"].data)
+    low = LOW_DTYPES[dtype]
+    layers = SimpleNamespace(**{f.__name__: partial(f, low=low) for f in (rmsnorm, linear, rope, swiglu, dropout)},
+                             attention=partial(causal_attention, low=low))
+    return model._forward(ids, layers=layers, params=cast_params(model.params, low=low))
+
+
+def forward_bf16(model, ids) -> Tensor:
+    """Logits (B, T, V), bf16, of `model` under the bf16 policy (`forward_lowp`)."""
+    return forward_lowp(model, ids, "bf16")
+
+
+def loss_lowp(model, ids, targets, ignore_index: int = -100, dtype: str = "bf16") -> Tensor:
+    """Mean next-token cross-entropy (float32 scalar) of the low-precision forward."""
+    return cross_entropy(forward_lowp(model, ids, dtype), targets, ignore_index=ignore_index,
+                         low=LOW_DTYPES[dtype])
 
 
 def loss_bf16(model, ids, targets, ignore_index: int = -100) -> Tensor:
     """Mean next-token cross-entropy (float32 scalar) of the bf16 forward."""
-    return cross_entropy(forward_bf16(model, ids), targets, ignore_index=ignore_index)
+    return loss_lowp(model, ids, targets, ignore_index, "bf16")
