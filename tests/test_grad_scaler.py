@@ -102,3 +102,106 @@ def test_an_inf_on_one_rank_makes_every_rank_skip():
 
     s = GradScaler()
     assert s.unscale_([SimpleNamespace(grad=np.ones(2, np.float32))], dist=FakeDist()) is True
+
+
+# ------------------------------------------------------------------ in the training loop
+from functools import partial  # noqa: E402
+import json  # noqa: E402
+
+from xtrain_lessons.cli import main  # noqa: E402
+from xtrain_lessons.training import loop  # noqa: E402
+from xtrain_lessons.training.config import TrainConfig  # noqa: E402
+
+from test_train import small_corpus  # noqa: E402
+
+SMALL = dict(preset="tiny", model={"n_layers": 2, "dim": 64, "n_heads": 2, "n_kv_heads": 2, "head_dim": 32,
+                                   "ffn_dim": 192},
+             batch_size=8, seq_len=64, vocab_size=512, eval_every=0, sample_every=0, checkpoint_every=0,
+             sample_tokens=0, threads=1)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return small_corpus(tmp_path_factory.mktemp("corpus") / "small.txt")
+
+
+def _metrics(run):
+    return [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_xtrain_train_dtype_fp16_logs_the_scale(corpus, tmp_path):
+    run = tmp_path / "run"
+    assert main.main(["train", "--data", str(corpus), "--out", str(run), "--preset", "test", "--vocab-size",
+                      "300", "--steps", "6", "--batch-size", "4", "--seq-len", "16", "--dtype", "fp16",
+                      "--accum-steps", "2", "--eval-every", "0", "--sample-every", "0", "--sample-tokens",
+                      "0", "--no-progress", "--no-hf-check"]) == 0
+    m = _metrics(run)
+    assert [r["loss_scale"] for r in m] == [2.0 ** 16] * 6 and m[-1]["skipped_steps"] == 0
+    assert all(np.isfinite(r["train_loss"]) and r["grad_norm"] > 0 for r in m)
+
+
+def test_overflowing_steps_are_skipped_and_the_scale_backs_off(corpus, tmp_path, monkeypatch):
+    calls = []
+    real_unscale = GradScaler.unscale_
+
+    def counting(self, params, dist=None):
+        calls.append(1)
+        return real_unscale(self, params, dist)
+
+    monkeypatch.setattr(GradScaler, "unscale_", counting)
+    monkeypatch.setattr(loop, "GradScaler", partial(GradScaler, init_scale=2.0 ** 24))
+    cfg = TrainConfig(**{**SMALL, "preset": "test", "model": {}}, steps=12, accum_steps=2, dtype="fp16",
+                      data=str(corpus), out=str(tmp_path / "run"))
+    r = loop.train(cfg, progress=False, log=lambda s: None)
+    assert r.status == "done" and len(calls) == 12  # once per optimizer step, not per micro-batch
+    m = _metrics(tmp_path / "run")
+    skipped = [r["grad_norm"] is None for r in m]
+    n_skip = m[-1]["skipped_steps"]
+    assert 0 < n_skip < 12 and sum(skipped) == n_skip and skipped[:n_skip] == [True] * n_skip
+    scales = [r["loss_scale"] for r in m]
+    assert scales[:n_skip + 1] == [2.0 ** (24 - k) for k in range(n_skip + 1)]  # halved per skip
+
+
+def test_a_fixed_huge_scale_skips_every_step_and_leaves_the_weights(corpus, tmp_path):
+    cfg = TrainConfig(**{**SMALL, "preset": "test", "model": {}}, steps=3, dtype="fp16", loss_scale=1e30,
+                      data=str(corpus), out=str(tmp_path / "run"))
+    from xtrain_lessons.model.qwen3 import Model  # noqa: PLC0415
+    r = loop.train(cfg, progress=False, log=lambda s: None)
+    init = Model(r.model.config, seed=cfg.seed)
+    assert _metrics(tmp_path / "run")[-1]["skipped_steps"] == 3
+    for n, p in r.model.named_parameters().items():
+        np.testing.assert_array_equal(p.data, init.params[n].data)
+
+
+@pytest.mark.slow
+def test_fp16_tracks_float32(corpus, tmp_path):
+    """Done-when (on a small config; the default takes minutes): the mean loss of the last 20
+    steps of an fp16 run with dynamic scaling is within 2% of the float32 run's."""
+    means = {}
+    for dt in ("float32", "fp16"):
+        cfg = TrainConfig(**SMALL, steps=120, dtype=dt, data=str(corpus), out=str(tmp_path / dt))
+        means[dt] = float(np.mean(loop.train(cfg, progress=False, log=lambda s: None).losses[-20:]))
+    assert abs(means["fp16"] / means["float32"] - 1) < 0.02, means
+
+
+# ------------------------------------------------------------------ T12.3's check fails wrong solutions
+UPDATE_CASES = [(65536.0, 0, True), (65536.0, 1999, False), (65536.0, 1998, False), (1024.0, 5, True),
+                (3.0e38, 2, False, 2.0, 0.5, 3), (8.0, 0, False, 4.0, 0.25, 1), (8.0, 2, True, 4.0, 0.25, 3)]
+
+
+def update_scale_reference(scale, tracker, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
+    s = GradScaler(init_scale=scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
+                   growth_interval=growth_interval)
+    s._growth_tracker, s.found_inf = tracker, bool(found_inf)
+    s.update()
+    return np.float32(s.get_scale()), s._growth_tracker
+
+
+def test_update_scale_check_fails_the_mutants(capsys):
+    from mutants.T12_bf16 import UPDATE_SCALE_MUTANTS  # noqa: PLC0415
+    from xtrain_lessons.course.checks import check_fn  # noqa: PLC0415
+
+    for wrong in UPDATE_SCALE_MUTANTS:
+        assert check_fn("T12.3", wrong, reference=update_scale_reference, cases=UPDATE_CASES) \
+            is update_scale_reference, wrong.__name__
+        assert "fail" in capsys.readouterr().out

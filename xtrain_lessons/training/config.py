@@ -76,8 +76,11 @@ class TrainConfig:
                                     # them (a new process: every core, up to 8). The same bits
                                     # with any count (tests/test_rowwise.py); `xtrain bench
                                     # train --threads N` measures the speed
-    dtype: str = "float32"          # T12 compute dtype: "float32" or "bf16" (float32 master
-                                    # weights and AdamW state either way; xtrain_lessons.model.precision)
+    dtype: str = "float32"          # T12 compute dtype: "float32", "bf16" or "fp16" (float32 master
+                                    # weights and AdamW state either way; xtrain_lessons.model.precision;
+                                    # fp16 adds dynamic loss scaling: training.grad_scaler)
+    loss_scale: float = 0.0         # T12 fp16: 0 = dynamic (2^16, halved on inf, doubled after 2000
+                                    # clean steps); S > 0: a fixed scale S (1: no scaling)
 
     # -- (de)serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -122,8 +125,10 @@ class TrainConfig:
             raise ValueError("TrainConfig: learning rates must be >= 0")
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"TrainConfig: val_fraction must be in (0, 1), got {self.val_fraction}")
-        if self.dtype not in ("float32", "bf16"):
-            raise ValueError(f"TrainConfig: dtype must be 'float32' or 'bf16', got {self.dtype!r}")
+        if self.dtype not in ("float32", "bf16", "fp16"):
+            raise ValueError(f"TrainConfig: dtype must be 'float32', 'bf16' or 'fp16', got {self.dtype!r}")
+        if not (isinstance(self.loss_scale, (int, float)) and self.loss_scale >= 0):
+            raise ValueError(f"TrainConfig: loss_scale must be >= 0 (0: dynamic), got {self.loss_scale!r}")
         return self
 
 

@@ -35,10 +35,13 @@ class GradScaler:
     """torch.amp.GradScaler's semantics and defaults, on this package's parameters."""
 
     def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
-                 backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True):
+                 backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True,
+                 dynamic: bool = True):
+        """`dynamic=False` (not in torch): a fixed scale; an inf/NaN step is still skipped.
+        `GradScaler(init_scale=1.0, dynamic=False)` is fp16 without loss scaling (T12)."""
         if not growth_factor > 1.0 or not 0.0 < backoff_factor < 1.0 or growth_interval < 1:
             raise ValueError("GradScaler: need growth_factor > 1, 0 < backoff_factor < 1, growth_interval >= 1")
-        self.enabled = enabled
+        self.enabled, self.dynamic = enabled, dynamic
         self._scale = np.float32(init_scale)
         self.growth_factor, self.backoff_factor = float(growth_factor), float(backoff_factor)
         self.growth_interval = int(growth_interval)
@@ -98,9 +101,12 @@ class GradScaler:
         if self.found_inf is None:
             raise RuntimeError("update(): no unscale_()/step() since the last update")
         if self.found_inf:
+            self.skipped_steps += 1
+        if not self.dynamic:
+            pass
+        elif self.found_inf:
             self._scale = np.float32(self._scale * np.float32(self.backoff_factor))
             self._growth_tracker = 0
-            self.skipped_steps += 1
         else:
             self._growth_tracker += 1
             if self._growth_tracker == self.growth_interval:

@@ -78,6 +78,7 @@ from xtrain_lessons.training.config import RESUME_FIXED_FIELDS, TrainConfig, mod
 from xtrain_lessons.training.data import TokenDataset, default_corpus_path, prepare
 from xtrain_lessons.training.deferred import PendingSteps, TrainingDiverged
 from xtrain_lessons.training.fused_adamw import FusedAdamW
+from xtrain_lessons.training.grad_scaler import GradScaler
 from xtrain_lessons.training.metrics import last_sample, plot_metrics, read_metrics, truncate_after
 from xtrain_lessons.training.optim import AdamW, clip_grad_norm, global_grad_norm
 from xtrain_lessons.training.rundir import RunDir, default_run_dir
@@ -271,6 +272,9 @@ class Trainer:
         self.params = self.model.named_parameters()
         self.opt = make_optimizer(self.params, cfg, self.device)
         self.ddp = DDP(self.model) if self.dp else None  # T08: rank 0's weights, averaged gradients
+        self.scaler = None  # T12: fp16 loss scaling, dynamic unless a fixed --loss-scale is given
+        if cfg.dtype == "fp16":
+            self.scaler = GradScaler(cfg.loss_scale, dynamic=False) if cfg.loss_scale else GradScaler()
         self.rng = np.random.default_rng([cfg.seed, 1])  # the data stream
         self.metrics_path, self.samples_path = self.dir.metrics, self.dir.samples
         if self.rank:  # T17: the other ranks keep their metrics aside
@@ -285,6 +289,8 @@ class Trainer:
         ck = load_checkpoint(self.dir.path, self.model, self.opt, expected_model_config=self.mcfg.to_dict(),
                              expected_tokenizer_hash=self.tok_hash)
         self.step, self.rng = ck.step, ck.rng()
+        if self.scaler is not None and "grad_scaler" in ck.extra:
+            self.scaler.load_state_dict(ck.extra["grad_scaler"])
         truncate_after(self.step, self.metrics_path, self.samples_path)  # those steps are redone
         self.say(f"resumed {self.dir.path} at step {self.step} (from {ck.path.name})")
         self._announce()
@@ -378,33 +384,50 @@ class Trainer:
         x, y = self.train_ds.get_batch(cfg.batch_size * cfg.accum_steps * self.world, cfg.seq_len, self.rng)
         self.model.dropout_step = step  # T18: masks keyed by step, so resume redraws them
         loss_val = self._forward_backward(x, y, lr)
-        params = self.params
-        if cfg.grad_clip > 0:
-            gnorm = clip_grad_norm(params, cfg.grad_clip, sync=not self.deferred)
+        extra = {}
+        if self.scaler is not None:  # T12 fp16: unscale before clipping, once per optimizer step
+            extra["loss_scale"] = self.scaler.get_scale()
+            skip = self.scaler.unscale_(self.params, collectives if self.ddp is not None else None)
+        if self.scaler is not None and skip:  # an inf/NaN gradient: no update, the scale halves
+            gnorm = None
         else:
-            gnorm = global_grad_norm(params, sync=not self.deferred)
+            gnorm = self._clip_and_check(loss_val)
+            self.in_update = True
+            self.opt.step(lr, where=self.healthy if self.deferred else None)  # skipped once a value is bad
+            self.in_update = False
+        if self.scaler is not None:
+            self.scaler.update()
+            extra["skipped_steps"] = self.scaler.skipped_steps
+        self.model.zero_grad()
+        dt = time.perf_counter() - t0
+        self.train_time += dt
+        self.step += 1
+        self.pending.add(self.step, lr, loss_val, gnorm, dt, time.perf_counter() - self.t_start, extra)
+
+    def _clip_and_check(self, loss_val):
+        """Clip (or just measure) the global gradient norm; a non-finite one stops the run
+        (read now, or on the device at the logging point when deferred)."""
+        cfg = self.cfg
+        if cfg.grad_clip > 0:
+            gnorm = clip_grad_norm(self.params, cfg.grad_clip, sync=not self.deferred)
+        else:
+            gnorm = global_grad_norm(self.params, sync=not self.deferred)
         if self.deferred:  # T07: checked on the device, read at the logging point
             xp = array_module(gnorm)
             self.healthy = self.healthy & xp.isfinite(loss_val) & xp.isfinite(gnorm)
         elif not math.isfinite(gnorm):
             raise TrainingDiverged(
-                f"gradient norm is {gnorm} at step {step} (loss {loss_val:.4f}); "
+                f"gradient norm is {gnorm} at step {self.step} (loss {loss_val:.4f}); "
                 f"stopping before the update; the last good checkpoint is intact.")
-        self.in_update = True
-        self.opt.step(lr, where=self.healthy if self.deferred else None)  # skipped once a value is bad
-        self.in_update = False
-        self.model.zero_grad()
-        dt = time.perf_counter() - t0
-        self.train_time += dt
-        self.step += 1
-        self.pending.add(self.step, lr, loss_val, gnorm, dt, time.perf_counter() - self.t_start)
+        return gnorm
 
     def _forward_backward(self, x, y, lr: float):
         """The loss of the step (a device value when deferred), gradients in .grad."""
         cfg, model = self.cfg, self.model
+        scale = self.scaler.scale if self.scaler is not None else None  # T12 fp16
         if cfg.accum_steps > 1 or self.ddp is not None:  # T16/T08: this rank's micro-batches,
             return average_scalar(accumulate_gradients(   # one all-reduce at the end
-                model, micro_batches(x, y, cfg.accum_steps, self.rank, self.world), self.ddp))
+                model, micro_batches(x, y, cfg.accum_steps, self.rank, self.world), self.ddp, scale))
         loss = model.loss(x, y)
         loss_val = loss.data if self.deferred else float(loss.item())  # .item(): a sync
         if not self.deferred and not math.isfinite(loss_val):
@@ -413,7 +436,7 @@ class Trainer:
                 f"update. The last good checkpoint is left as it was; lower --max-lr "
                 f"or --grad-clip and resume.")
         model.zero_grad()
-        loss.backward()
+        (scale(loss) if scale is not None else loss).backward()
         return loss_val
 
     def _at_logging_point(self, end: int) -> bool:
@@ -480,7 +503,8 @@ class Trainer:
         cfg = self.cfg
         save_checkpoint(self.dir.checkpoints, self.step, self.model, self.opt, train_config=cfg.to_dict(),
                         rng=self.rng, tokenizer_hash=self.tok_hash, keep_last=cfg.keep_checkpoints or None,
-                        data_position=None)
+                        data_position=None,
+                        extra={"grad_scaler": self.scaler.state_dict()} if self.scaler is not None else None)
 
     # ----- finish --------------------------------------------------------------------------
     def finish(self) -> TrainResult:
