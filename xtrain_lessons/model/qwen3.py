@@ -343,6 +343,9 @@ class Model:
             raise ValueError(f"Model: positions up to {end} exceed max_seq_len={c.max_seq_len} "
                              f"(crop the context to the last max_seq_len tokens)")
         H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
+        if array_module(self.rope_cos) is not xp:  # the tables follow the weights' device (once)
+            where = "cpu" if xp is np else "cuda"
+            self.rope_cos, self.rope_sin = move_to(self.rope_cos, where), move_to(self.rope_sin, where)
         cos, sin = self.rope_cos[start_pos:end], self.rope_sin[start_pos:end]  # (T, D)
 
         x = ops.embedding(P["model.embed_tokens.weight"], host_ids)  # (B, T, dim)
