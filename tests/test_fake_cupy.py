@@ -84,3 +84,84 @@ def test_raw_kernel_runs_on_the_emulator_and_refuses_host_arrays(gpu):
     assert k.backend == "gpu"
     with pytest.raises(TypeError):
         k((2,), (256,), (np.zeros(300, np.float32), y, gpu.zeros(300, gpu.float32), np.int32(300)))
+
+
+# ------------------------------------------------------------------ `xtrain train --device cuda`
+from pathlib import Path  # noqa: E402
+
+from safetensors.numpy import load_file  # noqa: E402
+
+from xtrain_lessons.cli import main  # noqa: E402
+from xtrain_lessons.training import loop  # noqa: E402
+
+from test_train import small_corpus  # noqa: E402
+
+FLAGS = ["--preset", "test", "--vocab-size", "300", "--steps", "6", "--batch-size", "4", "--seq-len", "16",
+         "--max-lr", "1e-2", "--warmup", "2", "--eval-every", "3", "--eval-batches", "2", "--sample-every", "0",
+         "--sample-tokens", "4", "--checkpoint-every", "3", "--threads", "1", "--no-progress", "--no-hf-check"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return small_corpus(tmp_path_factory.mktemp("corpus") / "small.txt")
+
+
+def _run(corpus, out: Path, device_name: str, extra, monkeypatch) -> tuple[list[dict], dict]:
+    monkeypatch.setenv("XTRAIN_DEVICE", device_name)
+    device.set_device(device_name)
+    assert main.main(["train", "--device", device_name, "--data", str(corpus), "--out", str(out), *FLAGS, *extra]) == 0
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    latest = (out / "checkpoints" / "latest").read_text().strip()
+    return metrics, load_file(str(out / "checkpoints" / latest / "model.safetensors"))
+
+
+# extra flags -> (relative tolerance on each step's loss, on each weight tensor's norm of the
+# difference). float32 and fp16: the same NumPy arithmetic on both paths (fused AdamW's kernel
+# vs optim.AdamW differ by float32 rounding); bf16: on CuPy the bf16 activations are float32
+# arrays holding bf16 values; the gradient arriving at each is rounded to bf16 once, where the
+# CPU engine also rounds each partial sum of a fan-out, and AdamW (lr 1e-2) turns a tiny
+# gradient's changed sign into a full step of the other sign: losses agree to ~1e-6, weights
+# (norm of the difference) to 1.3% at worst on this run (6% before the incoming gradients
+# were rounded), hence 3%.
+CASES = {
+    "float32": ([], 1e-5, 1e-4),
+    "fp16": (["--dtype", "fp16", "--accum-steps", "2"], 1e-5, 1e-4),
+    "bf16": (["--dtype", "bf16"], 1e-4, 3e-2),
+    "dropout": (["--dropout", "0.1"], 1e-5, 1e-4),
+    "flash": (["--attention", "flash"], 1e-5, 1e-4),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_xtrain_train_device_cuda_matches_the_cpu_run(case, corpus, tmp_path, gpu, monkeypatch):
+    extra, tol, w_tol = CASES[case]
+    m_cpu, w_cpu = _run(corpus, tmp_path / "cpu", "cpu", extra, monkeypatch)
+    launches = gpu.stats["kernel_launches"]
+    m_gpu, w_gpu = _run(corpus, tmp_path / "gpu", "cuda", extra, monkeypatch)
+    assert gpu.stats["kernel_launches"] >= launches + 6  # fused AdamW: one launch per step at least
+    assert len(m_gpu) == len(m_cpu) == 6
+    for a, b in zip(m_cpu, m_gpu):
+        assert abs(a["train_loss"] - b["train_loss"]) <= tol * abs(a["train_loss"]), (a, b)
+        assert b.get("loss_scale") == a.get("loss_scale")
+    for k in w_cpu:
+        assert np.linalg.norm(w_gpu[k] - w_cpu[k]) <= w_tol * np.linalg.norm(w_cpu[k]), k
+
+
+@pytest.mark.parametrize("dtype,per_step", [("float32", 0), ("fp16", 1)])
+def test_host_syncs_only_at_logging_points(dtype, per_step, corpus, tmp_path, gpu, monkeypatch):
+    """On a GPU the step does not wait for the device (T07): no host synchronisation inside
+    train_step in float32 (fp16: exactly one, the scaler's inf check)."""
+    inside = []
+    real = loop.Trainer.train_step
+
+    def counted(self):
+        before = gpu.stats["host_syncs"]
+        real(self)
+        inside.append(gpu.stats["host_syncs"] - before)
+
+    monkeypatch.setattr(loop.Trainer, "train_step", counted)
+    cfg = loop.TrainConfig(preset="test", vocab_size=300, steps=6, batch_size=4, seq_len=16, eval_every=0,
+                           sample_every=0, sample_tokens=0, checkpoint_every=0, threads=1, dtype=dtype,
+                           data=str(corpus), out=str(tmp_path / "run"))
+    r = loop.train(cfg, progress=False, log=lambda s: None)
+    assert r.status == "done" and inside == [per_step] * 6

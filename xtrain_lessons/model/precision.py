@@ -54,7 +54,8 @@ import numpy as np
 from xtrain_lessons.autograd.tensor import Tensor, as_tensor, make_node
 from xtrain_lessons.model.dropout import dropout_scale
 from xtrain_lessons.model.layers import _from_heads, _rotate_half_T, _to_heads, rotate_half
-from xtrain_lessons.runtime.device import on_gpu
+from xtrain_lessons.runtime.device import array_module, on_gpu
+from xtrain_lessons.runtime.kernels.bf16 import bf16_to_f32, f32_to_bf16
 
 __all__ = ["BF16", "to_bf16", "to_f32", "bf16_bits", "cast", "cast_params", "linear", "rmsnorm",
            "rope", "causal_attention", "swiglu", "dropout", "cross_entropy", "forward_bf16",
@@ -90,14 +91,13 @@ POLICY = {
 def _need_numpy(a):
     if BF16 is None:
         raise ImportError("bf16 needs the ml_dtypes package (pip install ml_dtypes)")
-    if on_gpu(a):
-        raise NotImplementedError("amp: the bf16 emulation runs on NumPy arrays only "
-                                  "(CuPy has no bfloat16 dtype); use the CPU device")
 
 
 def to_bf16(a) -> np.ndarray:
     """float array -> ml_dtypes.bfloat16 array, round to nearest even (no copy if already bf16)."""
     _need_numpy(a)
+    if on_gpu(a):  # CuPy has no bfloat16: the bf16 value, kept in a float32 (module doc)
+        return _round(a.astype(np.float32, copy=False), BF16)
     if not hasattr(a, "dtype"):  # lists, Python numbers
         a = np.asarray(a, dtype=np.float32)
     if a.dtype == BF16:
@@ -119,8 +119,20 @@ def bf16_bits(a) -> np.ndarray:
 def _round(a, low=None):
     """Round a float32 result to the low-precision storage dtype (bf16 unless `low`).
     fp16 overflows above 65504 to inf: that is what a GPU does, and what loss scaling detects."""
+    low = low or BF16
+    if on_gpu(a) and low == BF16:  # through the project's kernel (kernels/bf16.cu), kept as float32
+        return bf16_to_f32(f32_to_bf16(a))
     with np.errstate(over="ignore", invalid="ignore"):
-        return a.astype(low or BF16)
+        return a.astype(low)
+
+
+def _grad_in(g, low):
+    """The gradient arriving at a low-precision output. On the CPU the engine has already cast
+    it to the output's dtype; on CuPy a bf16 output is a float32 array, so round it here, to
+    the value the CPU path sees."""
+    if on_gpu(g) and (low is None or low == BF16):
+        return _round(g.astype(np.float32, copy=False), BF16)
+    return g
 
 
 def to_low(a, low=None):
@@ -138,8 +150,8 @@ def cast(t: Tensor, low=None) -> Tensor:
     """A bf16 copy of a float32 Tensor as a graph node: the gradient flows back, cast to
     the master's dtype, into the master's `.grad`."""
     t = as_tensor(t)
-    return make_node(to_low(t.data, low), (t,), lambda g: (to_f32(g).astype(t.dtype, copy=False),),
-                     "to_bf16" if low is None else f"to_{np.dtype(low).name}")
+    return make_node(to_low(t.data, low), (t,), lambda g: (to_f32(_grad_in(g, low)).astype(t.dtype, copy=False),),
+                     "to_bf16" if low is None or low == BF16 else "to_fp16")
 
 
 def cast_params(params: dict, names=None, low=None) -> dict:
@@ -170,6 +182,7 @@ def linear(x: Tensor, w: Tensor, out_dtype=None, low=None) -> Tensor:
     y = (y if out_dtype == np.float32 else _round(y, low)).reshape(*x.shape[:-1], w.shape[0])
 
     def backward(g):
+        g = g if out_dtype == np.float32 else _grad_in(g, low)
         g2 = to_f32(g).reshape(-1, w.shape[0])
         gx = (g2 @ to_f32(w16)).reshape(x.shape) if x.requires_grad else None
         gw = g2.T @ to_f32(x16) if w.requires_grad else None  # float32 sum over N rows
@@ -188,6 +201,7 @@ def rmsnorm(x: Tensor, weight: Tensor, eps: float = 1e-6, low=None) -> Tensor:
     xhat16 = _round(xhat, low)
 
     def backward(g):
+        g = _grad_in(g, low)
         gf, xh = to_f32(g), to_f32(xhat16)
         gw = (gf * xh).reshape(-1, D).sum(axis=0) if weight.requires_grad else None
         gx = None
@@ -208,6 +222,7 @@ def rope(x: Tensor, cos, sin, low=None) -> Tensor:
     out = _round(xf * c + rotate_half(xf) * s, low)
 
     def backward(g):
+        g = _grad_in(g, low)
         gf = to_f32(g)
         return (gf * c + _rotate_half_T(gf * s),)
 
@@ -225,7 +240,8 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, low=None) -> Tensor:
     vh = to_f32(v.data).transpose(0, 2, 1, 3)
     s = (qh @ kh.swapaxes(-1, -2)) * scale
     s = s.reshape(B, Hkv, H // Hkv, T, T)
-    s += np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, 0.0).astype(np.float32)
+    xp = array_module(s)
+    s += xp.where(xp.triu(xp.ones((T, T), bool), 1), -np.inf, 0.0).astype(np.float32)
     s -= s.max(axis=-1, keepdims=True)
     np.exp(s, out=s)
     s /= s.sum(axis=-1, keepdims=True)
@@ -233,6 +249,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, low=None) -> Tensor:
     out = _round(_from_heads(to_f32(p16) @ vh, B, T, H, D), low)
 
     def backward(g):
+        g = _grad_in(g, low)
         p = to_f32(p16)
         qh = _to_heads(to_f32(q.data), Hkv)
         kh = to_f32(k.data).transpose(0, 2, 1, 3)
@@ -245,8 +262,8 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, low=None) -> Tensor:
         ds *= scale
         dq = _from_heads(ds @ kh, B, T, H, D)
         dk = ds.swapaxes(-1, -2) @ qh
-        return (dq, np.ascontiguousarray(dk.transpose(0, 2, 1, 3)),
-                np.ascontiguousarray(dv.transpose(0, 2, 1, 3)))
+        return (dq, xp.ascontiguousarray(dk.transpose(0, 2, 1, 3)),
+                xp.ascontiguousarray(dv.transpose(0, 2, 1, 3)))
 
     return make_node(out, (q, k, v), backward, "attention_bf16")
 
@@ -263,6 +280,7 @@ def swiglu(gate: Tensor, up: Tensor, low=None) -> Tensor:
     out = _round(gf * _sigmoid_f32(gf) * uf, low)
 
     def backward(g):
+        g = _grad_in(g, low)
         af = to_f32(gate.data)
         sig = _sigmoid_f32(af)
         sg, silu = to_f32(_round(sig, low)), to_f32(_round(af * sig, low))
@@ -277,37 +295,40 @@ def dropout(x: Tensor, p: float, seed: int, offset: int, low=None) -> Tensor:
     """Inverted dropout with the float32 scale 1/(1-p) (a bf16 scale would bias it), the same
     Philox mask as the float32 model; output bf16."""
 
-    scale = dropout_scale(x.shape, p, seed, offset, np.float32)
+    scale = dropout_scale(x.shape, p, seed, offset, np.float32, array_module(x.data))
     out = _round(to_f32(x.data) * scale, low)
-    return make_node(out, (x,), lambda g: (to_f32(g) * scale,), "dropout_bf16")
+    return make_node(out, (x,), lambda g: (to_f32(_grad_in(g, low)) * scale,), "dropout_bf16")
 
 
 def cross_entropy(logits: Tensor, targets, ignore_index: int = -100, low=None) -> Tensor:
     """Mean cross-entropy, computed in float32 from bf16 logits; returns a float32 scalar.
     exp(z - max) is kept in bf16 (as the float32 op keeps it in float32), the row sums in
     float32."""
-    targets = np.asarray(targets.data if isinstance(targets, Tensor) else targets)
+    targets = targets.data if isinstance(targets, Tensor) else targets
     V = logits.shape[-1]
-    x = to_f32(logits.data).reshape(-1, V)
-    t = targets.reshape(-1)
+    xp = array_module(logits.data)
+    host_t = targets if isinstance(targets, np.ndarray) else None  # checked there: no device sync
+    t = xp.asarray(targets).reshape(-1)
     valid = t != ignore_index
-    t_safe = np.where(valid, t, 0)
-    if t.size and (int(t_safe.min()) < 0 or int(t_safe.max()) >= V):
+    t_safe = xp.where(valid, t, 0)
+    check = np.where(host_t != ignore_index, host_t, 0) if host_t is not None else t_safe
+    if t.size and (int(check.min()) < 0 or int(check.max()) >= V):
         raise ValueError(f"cross_entropy: targets must lie in [0, {V}) or equal ignore_index")
-    rows = np.arange(x.shape[0])
-    n_valid = np.float32(valid.sum())
+    x = to_f32(logits.data).reshape(-1, V)
+    rows = xp.arange(x.shape[0])
+    n_valid = valid.sum().astype(np.float32)
     m = x.max(axis=1, keepdims=True)
-    e = np.exp(x - m)
+    e = xp.exp(x - m)
     s = e.sum(axis=1, keepdims=True)  # float32 sums
-    losses = (np.log(s) + m)[:, 0] - x[rows, t_safe]
+    losses = (xp.log(s) + m)[:, 0] - x[rows, t_safe]
     with np.errstate(invalid="ignore", divide="ignore"):
-        loss = np.asarray((losses * valid).sum() / n_valid, dtype=np.float32)
+        loss = ((losses * valid).sum() / n_valid).astype(np.float32)
     e16 = _round(e, low)
     del e, x
 
     def backward(g):
         with np.errstate(invalid="ignore", divide="ignore"):
-            scale = valid.astype(np.float32) * (np.float32(g) / n_valid)
+            scale = valid.astype(np.float32) * (xp.asarray(g, dtype=np.float32) / n_valid)
         gx = to_f32(e16) * (scale / s[:, 0])[:, None]
         gx[rows, t_safe] -= scale
         return (gx.reshape(logits.shape),)
