@@ -165,3 +165,11 @@ def test_host_syncs_only_at_logging_points(dtype, per_step, corpus, tmp_path, gp
                            data=str(corpus), out=str(tmp_path / "run"))
     r = loop.train(cfg, progress=False, log=lambda s: None)
     assert r.status == "done" and inside == [per_step] * 6
+
+
+def test_doctor_reports_the_precisions_on_the_gpu_path(gpu):
+    from xtrain_lessons.course import doctor  # noqa: PLC0415
+
+    f = doctor.check_precisions()
+    assert f.status == doctor.OK and f.component == "precisions (cuda)", f.detail
+    assert "native float16" in f.detail and "kernels/bf16.cu" in f.detail
