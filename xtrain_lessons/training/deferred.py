@@ -52,8 +52,9 @@ class PendingSteps:
     """(step, lr, loss, grad norm, seconds, elapsed) of the steps not yet read on the host,
     and the running numbers read so far (losses, first/last loss, smoothed tokens/s)."""
 
-    def __init__(self, tokens_per_step: int, log_every: int):
-        self.tokens_per_step, self.log_every = tokens_per_step, log_every
+    def __init__(self, tokens_per_step: int, log_every: int, world: int = 1):
+        """`tokens_per_step`: of all ranks together; `world`: the number of ranks."""
+        self.tokens_per_step, self.log_every, self.world = tokens_per_step, log_every, world
         self.rows: list[tuple] = []
         self.losses: list[float] = []
         self.first_loss = self.last_loss = self.ema_tps = None
@@ -87,5 +88,6 @@ class PendingSteps:
         self.losses.append(loss)
         return {"step": step, "train_loss": round(loss, 6), "lr": lr,
                 "grad_norm": None if grad_norm is None else round(grad_norm, 6),
-                "tokens_per_s": round(tps, 1), "tokens": step * self.tokens_per_step,
+                "tokens_per_s": round(tps, 1), "tokens_per_s_per_rank": round(tps / self.world, 1),
+                "tokens": step * self.tokens_per_step,
                 "elapsed_s": round(elapsed, 3), **(extra or {})}

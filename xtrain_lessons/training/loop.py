@@ -330,7 +330,7 @@ class Trainer:
         self.log_every = cfg.log_every or (10 if self.device == "cuda" else 1)
         self.deferred = self.log_every > 1
         self.healthy = True  # on the device once a deferred step ran: every step so far was finite
-        self.pending = PendingSteps(self.tokens_per_step, self.log_every)
+        self.pending = PendingSteps(self.tokens_per_step, self.log_every, self.world)  # tokens/s: all ranks
         self.bar = tqdm(total=cfg.steps, initial=self.step, disable=not self.progress,
                         dynamic_ncols=True, desc="train", unit="step", file=sys.stderr)
         self.mf = open(self.metrics_path, "a", encoding="utf-8")
@@ -483,8 +483,11 @@ class Trainer:
                                  cfg.seed + 1_000_003)
         rec["val_loss"] = round(self.last_val, 6)
         rec["val_ppl"] = round(math.exp(min(self.last_val, 50.0)), 3)
+        tps = self.pending.ema_tps
+        speed = (f"{tps:,.0f} tok/s" if self.world == 1 else  # T17: as the seed's DDP logs show both
+                 f"{tps / self.world:,.0f} tok/s per rank, {tps:,.0f} global")
         self.say(f"step {self.step:>6}: train loss {self.pending.last_loss:.4f}  val loss {self.last_val:.4f}  "
-                 f"val ppl {rec['val_ppl']:.2f}  lr {rec['lr']:.2e}  {self.pending.ema_tps:,.0f} tok/s")
+                 f"val ppl {rec['val_ppl']:.2f}  lr {rec['lr']:.2e}  {speed}")
 
     def sample(self, at_step: int) -> str:
         if self.rank:
