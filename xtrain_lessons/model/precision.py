@@ -1,4 +1,4 @@
-"""bf16 mixed precision (phase T12): float32 master weights, bfloat16 compute copies.
+"""bf16 and fp16 mixed precision (phase T12): float32 master weights, bfloat16/float16 compute copies.
 
 bfloat16 is the top half of a float32: 1 sign bit, the same 8 exponent bits (same range,
 ~1e-38 .. 3.4e38), 7 mantissa bits (relative precision 2^-8 = 0.4%). Converting float32 ->
@@ -21,9 +21,20 @@ a GPU's tensor cores do, reproduced value for value with float32 arithmetic:
 Gradients of bf16 activations are bf16 (the engine casts a gradient to its tensor's dtype,
 as torch does); a weight's gradient arrives in bf16 at its bf16 copy and is cast to float32
 into the master's `.grad`.
-Not emulated: speed (the CPU path is slower than float32: every op converts), fp32
-accumulation order inside a GPU GEMM, and CuPy (bf16 arrays are NumPy-only here; the CUDA
-conversion kernel is `kernels/bf16.cu`).
+Not emulated: speed (the CPU path is slower than float32: every op converts) and fp32
+accumulation order inside a GPU GEMM.
+
+fp16 ("fp16", `forward_lowp(model, ids, "fp16")`): the same ops and policy with NumPy/CuPy
+float16 storage (10 mantissa bits, range 6e-8 .. 65504): an activation above 65504 becomes
+inf, a gradient below 2^-25 becomes 0, hence loss scaling (training/grad_scaler.py).
+
+On CuPy (a GPU, or the tests' stand-in): fp16 is CuPy's native float16. CuPy has no bfloat16
+dtype, so a bf16 value is rounded by the project's kernel (kernels/bf16.cu, round to nearest
+even, bit-identical to ml_dtypes) and kept in a float32 array: the same values as the CPU
+path, but 4 bytes each — none of the activation memory bf16 saves on the CPU path (storing
+the uint16 bit patterns would save it, at the price of a conversion in every op and a
+gradient dtype the engine does not know). The gradient arriving at a bf16 output is rounded
+to bf16 by the op (the CPU engine does it by casting to the output's dtype).
 
     from xtrain_lessons.model import precision
     model.compute_dtype = "bf16"      # Model.__call__ / Model.loss now run forward_bf16
@@ -40,6 +51,8 @@ cast_params(params, names=None) -> dict   bf16 copies of the matmul weights (2-D
                           the embedding, which is a lookup and stays float32)
 linear, rmsnorm, rope, causal_attention, swiglu, dropout, cross_entropy   the bf16 ops
 forward_bf16(model, ids) -> logits Tensor (bf16)   the model's forward under this policy
+forward_lowp(model, ids, dtype) / loss_lowp(...)   the same for dtype "bf16" or "fp16"
+FP16, LOW_DTYPES, to_low(a, low)   the float16 dtype, {"bf16": BF16, "fp16": FP16}, the cast
 loss_bf16(model, ids, targets, ignore_index=-100) -> float32 scalar Tensor
 POLICY                    op -> (compute dtype, output dtype, what it keeps for backward)
 """
