@@ -192,3 +192,22 @@ def test_activation_memory_of_each_precision_on_the_gpu_path(gpu):
         kept[dtype] = saved_bytes(m.loss(ids, ids))
     assert kept["fp16"] < 0.65 * kept["float32"]
     assert kept["bf16"] >= kept["float32"]
+
+
+def test_caching_allocator_on_cupys_pool(gpu):
+    """runtime/allocator with xp=cupy: device buffers, hits after a free, CuPy's pool holding
+    the bytes; lease() is refused (on a GPU CuPy's pool already recycles)."""
+    from xtrain_lessons.runtime.allocator import CachingAllocator  # noqa: PLC0415
+
+    pool, cupy_pool = CachingAllocator(xp=gpu), gpu.get_default_memory_pool()
+    cupy_pool.free_all_blocks()
+    before = cupy_pool.used_bytes()
+    a = pool.alloc((1000,), np.float32)
+    assert isinstance(a, gpu.ndarray) and a.shape == (1000,)
+    assert cupy_pool.used_bytes() - before == 4096  # the size class, rounded as CuPy rounds
+    pool.free(a)
+    b = pool.alloc((900,), np.float32)  # same size class: the cached buffer
+    assert pool.stats.hits == 1 and pool.stats.misses == 1
+    pool.free(b)
+    with pytest.raises(TypeError):
+        pool.lease((10,), np.float32)
