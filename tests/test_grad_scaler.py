@@ -205,3 +205,31 @@ def test_update_scale_check_fails_the_mutants(capsys):
         assert check_fn("T12.3", wrong, reference=update_scale_reference, cases=UPDATE_CASES) \
             is update_scale_reference, wrong.__name__
         assert "fail" in capsys.readouterr().out
+
+
+def test_step_unscales_first_when_unscale_was_not_called():
+    from xtrain_lessons.autograd.tensor import Tensor  # noqa: PLC0415
+    from xtrain_lessons.training.optim import AdamW  # noqa: PLC0415
+
+    w = Tensor(np.ones(3, np.float32), requires_grad=True)
+    w.grad = np.array([4.0, 0.0, -4.0], np.float32)
+    s = GradScaler(init_scale=4.0)
+    assert s.step(AdamW([w], lr=0.1, weight_decay=0.0)) is True
+    np.testing.assert_array_equal(w.grad, [1.0, 0.0, -1.0])  # unscaled before the update
+    s.update()
+
+
+def test_fp16_resume_is_exact_and_keeps_the_scale(corpus, tmp_path, monkeypatch):
+    """The scaler's state (scale, clean-step count, skips) is in the checkpoint: k steps, stop,
+    resume to N equals N straight, skipped steps and scales included."""
+    monkeypatch.setattr(loop, "GradScaler", partial(GradScaler, init_scale=2.0 ** 22, growth_interval=3))
+    cfg = TrainConfig(**{**SMALL, "preset": "test", "model": {}}, steps=8, dtype="fp16", data=str(corpus))
+    a = loop.train(cfg.replace(out=str(tmp_path / "a")), progress=False, log=lambda s: None)
+    loop.train(cfg.replace(out=str(tmp_path / "b")), stop_at=4, progress=False, log=lambda s: None)
+    b = loop.train(resume=tmp_path / "b", progress=False, log=lambda s: None)
+    ma, mb = _metrics(tmp_path / "a"), _metrics(tmp_path / "b")
+    key = ("train_loss", "loss_scale", "skipped_steps", "grad_norm")
+    assert [[m[k] for k in key] for m in ma] == [[m[k] for k in key] for m in mb]
+    assert ma[-1]["skipped_steps"] > 0  # the state that had to survive the resume
+    for n, p in a.model.named_parameters().items():
+        np.testing.assert_array_equal(p.data, b.model.named_parameters()[n].data)

@@ -87,7 +87,7 @@ class GradScaler:
             optimizer.step(*args, **kwargs)
             return True
         if self.found_inf is None:
-            self.unscale_(optimizer.params if hasattr(optimizer, "params") else optimizer.named_params())
+            self.unscale_([p for _, p in optimizer.named_params()])
         if self.found_inf:
             return False
         optimizer.step(*args, **kwargs)
