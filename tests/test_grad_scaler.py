@@ -233,3 +233,10 @@ def test_fp16_resume_is_exact_and_keeps_the_scale(corpus, tmp_path, monkeypatch)
     assert ma[-1]["skipped_steps"] > 0  # the state that had to survive the resume
     for n, p in a.model.named_parameters().items():
         np.testing.assert_array_equal(p.data, b.model.named_parameters()[n].data)
+
+
+def test_bad_loss_scale_is_one_clear_line():
+    with pytest.raises(ValueError, match="for dtype fp16"):
+        TrainConfig(loss_scale=8.0).validate()
+    with pytest.raises(ValueError, match=">= 0"):
+        TrainConfig(dtype="fp16", loss_scale=-1.0).validate()

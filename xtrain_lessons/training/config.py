@@ -129,6 +129,9 @@ class TrainConfig:
             raise ValueError(f"TrainConfig: dtype must be 'float32', 'bf16' or 'fp16', got {self.dtype!r}")
         if not (isinstance(self.loss_scale, (int, float)) and self.loss_scale >= 0):
             raise ValueError(f"TrainConfig: loss_scale must be >= 0 (0: dynamic), got {self.loss_scale!r}")
+        if self.loss_scale and self.dtype != "fp16":
+            raise ValueError(f"TrainConfig: loss_scale is for dtype fp16 (got dtype {self.dtype!r}): "
+                             f"add --dtype fp16 or drop --loss-scale")
         return self
 
 
