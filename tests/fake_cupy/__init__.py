@@ -9,8 +9,9 @@ It follows CuPy's rules where a NumPy-only program would pass unnoticed:
   a NumPy array in an operator or a function raises TypeError. ``.get()``, ``cupy.asnumpy``,
   ``.item()``, ``float()``/``int()``/``bool()`` copy to the host and are counted
   (``stats["host_syncs"]``).
-* the module offers only the names real CuPy has (``cupy_names.json``, taken from
-  cupy-cuda12x 14.x, which imports without a GPU); any other name is an AttributeError.
+* the module offers only the names real CuPy has (``cupy_names.json``, written by
+  ``make_names.py`` from cupy-cuda12x 14.2.0, which imports without a GPU; checked in, so CI
+  needs no CuPy); any other name is an AttributeError.
   A name is served by NumPy's function of that name: the *values* are NumPy's, not CuPy's.
 * `RawKernel` / `RawModule` compile the CUDA C source with the package's CPU emulator and
   run it on the wrapped arrays (NumPy arrays are refused, as on a GPU).
