@@ -13,6 +13,12 @@ One step (``step`` counts the optimizer steps already taken, from 0):
     norm = clip_grad_norm(params, grad_clip)              # global L2 norm, before clipping
     optimizer.step(lr)
 
+With ``dtype="fp16"`` (T12) the loss is multiplied by the GradScaler's scale before backward,
+and ``scaler.unscale_`` (once per optimizer step, all ranks agreeing) divides the gradients
+before clipping; a step with an inf/NaN gradient is skipped and the scale halved
+(``scaler.update``); ``metrics.jsonl`` gets ``loss_scale`` and ``skipped_steps``. Every record
+has ``tokens_per_s`` (all ranks) and ``tokens_per_s_per_rank``.
+
 A run is a short sequence of named steps, the methods of `Trainer`: ``setup`` (process group,
 tokenizer, data, model, optimizer), ``resume`` or ``start``, then per step ``train_step``
 and, at a logging point, ``log`` (with ``evaluate``, ``sample``, ``checkpoint`` when due),
@@ -384,13 +390,11 @@ class Trainer:
         x, y = self.train_ds.get_batch(cfg.batch_size * cfg.accum_steps * self.world, cfg.seq_len, self.rng)
         self.model.dropout_step = step  # T18: masks keyed by step, so resume redraws them
         loss_val = self._forward_backward(x, y, lr)
-        extra = {}
-        if self.scaler is not None:  # T12 fp16: unscale before clipping, once per optimizer step
-            extra["loss_scale"] = self.scaler.get_scale()
+        extra, skip, gnorm = {}, False, None
+        if self.scaler is not None:  # T12 fp16: unscale before clipping, once per optimizer step;
+            extra["loss_scale"] = self.scaler.get_scale()  # an inf/NaN gradient on any rank: skip
             skip = self.scaler.unscale_(self.params, collectives if self.ddp is not None else None)
-        if self.scaler is not None and skip:  # an inf/NaN gradient: no update, the scale halves
-            gnorm = None
-        else:
+        if not skip:
             gnorm = self._clip_and_check(loss_val)
             self.in_update = True
             self.opt.step(lr, where=self.healthy if self.deferred else None)  # skipped once a value is bad
