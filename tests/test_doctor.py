@@ -41,3 +41,10 @@ def test_missing_optional_component_does_not_fail(capsys, monkeypatch):
     monkeypatch.setattr(doctor, "check_gpu", lambda: doctor.Finding(
         "GPU (CuPy)", doctor.MISSING, "no GPU", False, "optional"))
     assert doctor.report(doctor.run_checks()) == 0
+
+
+def test_doctor_reports_the_precisions_of_the_device():
+    f = doctor.check_precisions()
+    assert f.status == doctor.OK and f.component == "precisions (cpu)"
+    for dtype in ("float32", "bf16", "fp16"):
+        assert dtype in f.detail

@@ -163,3 +163,30 @@ def test_xtrain_train_two_ranks_resume_is_exact(corpus):
     assert p.returncode == 0, p.stderr[-3000:]
     a, b = load_model_tensors(d / "two"), load_model_tensors(d / "resumed")
     assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_xtrain_train_two_ranks_fp16_and_tokens_per_rank(corpus):
+    """fp16 under DDP (one loss scale, the same skips on every rank: they agree by an
+    all-reduce) equals one process accumulating the same two micro-batches; metrics.jsonl
+    and the log carry per-rank and global tokens/s."""
+    from xtrain_lessons.training.checkpoint import load_model_tensors
+
+    d, text = corpus
+    fp16 = ["--dtype", "fp16", "--batch-size", "2", "--eval-every", "3", "--eval-batches", "1"]
+    p2 = subprocess.run([*XTRAIN, "launch", "--nproc", "2", "--max-time", "80", "--", "xtrain", "train",
+                         "--data", str(text), *TRAIN, *fp16, "--out", str(d / "two16")],
+                        capture_output=True, text=True, timeout=90)
+    assert p2.returncode == 0, p2.stderr[-3000:]
+    assert "tok/s per rank" in p2.stdout and " global" in p2.stdout
+    pa = subprocess.run([*XTRAIN, "train", "--data", str(text), *TRAIN, *fp16, "--accum-steps", "2",
+                         "--out", str(d / "acc16")], capture_output=True, text=True, timeout=60)
+    assert pa.returncode == 0, pa.stderr[-3000:]
+    m2 = [json.loads(x) for x in (d / "two16" / "metrics.jsonl").read_text().splitlines()]
+    ma = [json.loads(x) for x in (d / "acc16" / "metrics.jsonl").read_text().splitlines()]
+    for a, b in zip(ma, m2):
+        assert abs(a["train_loss"] - b["train_loss"]) <= 2e-6
+        assert a["loss_scale"] == b["loss_scale"] and a["skipped_steps"] == b["skipped_steps"]
+        assert b["tokens_per_s_per_rank"] == pytest.approx(b["tokens_per_s"] / 2, abs=0.1)
+        assert a["tokens_per_s_per_rank"] == a["tokens_per_s"]
+    t2, ta = load_model_tensors(d / "two16"), load_model_tensors(d / "acc16")
+    assert max(float(np.abs(t2[k] - ta[k]).max()) for k in t2) <= 1e-6

@@ -72,7 +72,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from xtrain_lessons.runtime.device import array_module
+from xtrain_lessons.runtime.device import array_module, on_gpu
 
 __all__ = [
     "Tensor", "tensor", "as_tensor", "make_node", "no_grad", "enable_grad",
@@ -150,7 +150,7 @@ def _to_array(data, dtype=None):
     if dtype is not None:
         xp = array_module(data)
         return xp.asarray(data, dtype=dtype)
-    if hasattr(data, "__array_interface__") or hasattr(data, "__cuda_array_interface__"):
+    if hasattr(data, "__array_interface__") or on_gpu(data):
         if isinstance(data, np.generic):  # numpy scalar: keep its dtype
             return np.asarray(data)
         return data

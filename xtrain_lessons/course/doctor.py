@@ -147,13 +147,51 @@ def check_gpu() -> Finding:
                        False, "check the NVIDIA driver: nvidia-smi")
 
 
+def check_precisions() -> Finding:
+    """Which compute dtypes train on the current device: a forward and backward of a tiny model
+    in each (finite loss, float32 gradients), and how each is carried out there."""
+    import numpy as np  # noqa: PLC0415
+
+    from xtrain_lessons.model.qwen3 import PRESETS, Model  # noqa: PLC0415
+    from xtrain_lessons.runtime.device import get_device, import_cupy, to_device  # noqa: PLC0415
+
+    how = {"float32": "native", "bf16": "emulated: bf16 storage, float32 arithmetic",
+           "fp16": "emulated: float16 storage, float32 arithmetic, loss scaling"}
+    try:
+        dev = get_device()
+        if dev == "cuda":
+            cupy = import_cupy()
+            props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+            cc = (int(props["major"]), int(props["minor"]))
+            how = {"float32": "native",
+                   "bf16": "bf16 values rounded by kernels/bf16.cu, kept in float32 (no memory saved)"
+                           + ("" if cc >= (8, 0) else "; no bf16 tensor cores before sm_80"),
+                   "fp16": "native float16, loss scaling" + (", tensor cores" if cc >= (7, 0) else "")}
+        ok = []
+        for dtype in ("float32", "bf16", "fp16"):
+            m = Model(PRESETS["test"], seed=0)
+            for p in m.parameters():
+                p.data = to_device(p.data)
+            m.compute_dtype = dtype
+            ids = np.arange(16).reshape(2, 8) % PRESETS["test"].vocab_size
+            loss = m.loss(ids, ids)
+            loss.backward()
+            if np.isfinite(float(loss.item())) and all(p.grad.dtype == np.float32 for p in m.parameters()):
+                ok.append(f"{dtype} ({how[dtype]})")
+        status = OK if len(ok) == 3 else FAIL
+        return Finding(f"precisions ({dev})", status, "; ".join(ok) or "none", False,
+                       "" if status == OK else "a compute dtype failed: run tests/test_amp.py")
+    except Exception as exc:  # doctor reports, never crashes
+        return Finding("precisions", FAIL, f"{type(exc).__name__}: {exc}", False, "run tests/test_amp.py")
+
+
 def run_checks() -> list[Finding]:
     runtime_fix = "pip install -e ."
     findings = [check_python(), check_numpy()]
     for label, module in [("tokenizers", "tokenizers"), ("safetensors", "safetensors"),
                           ("ml_dtypes", "ml_dtypes"), ("matplotlib", "matplotlib"), ("tqdm", "tqdm")]:
         findings.append(check_module(label, module, True, runtime_fix))
-    findings += [check_cxx(), check_emulator(), check_nvcc(), check_gpu()]
+    findings += [check_cxx(), check_emulator(), check_nvcc(), check_gpu(), check_precisions()]
     findings.append(check_module("torch (test oracle)", "torch", False, DEV_FIX))
     for label, module in [("transformers (interop)", "transformers"),
                           ("Jupyter (JupyterLab)", "jupyterlab"), ("nbval (notebook tests)", "nbval")]:

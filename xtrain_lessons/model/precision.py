@@ -1,4 +1,4 @@
-"""bf16 mixed precision (phase T12): float32 master weights, bfloat16 compute copies.
+"""bf16 and fp16 mixed precision (phase T12): float32 master weights, bfloat16/float16 compute copies.
 
 bfloat16 is the top half of a float32: 1 sign bit, the same 8 exponent bits (same range,
 ~1e-38 .. 3.4e38), 7 mantissa bits (relative precision 2^-8 = 0.4%). Converting float32 ->
@@ -21,9 +21,20 @@ a GPU's tensor cores do, reproduced value for value with float32 arithmetic:
 Gradients of bf16 activations are bf16 (the engine casts a gradient to its tensor's dtype,
 as torch does); a weight's gradient arrives in bf16 at its bf16 copy and is cast to float32
 into the master's `.grad`.
-Not emulated: speed (the CPU path is slower than float32: every op converts), fp32
-accumulation order inside a GPU GEMM, and CuPy (bf16 arrays are NumPy-only here; the CUDA
-conversion kernel is `kernels/bf16.cu`).
+Not emulated: speed (the CPU path is slower than float32: every op converts) and fp32
+accumulation order inside a GPU GEMM.
+
+fp16 ("fp16", `forward_lowp(model, ids, "fp16")`): the same ops and policy with NumPy/CuPy
+float16 storage (10 mantissa bits, range 6e-8 .. 65504): an activation above 65504 becomes
+inf, a gradient below 2^-25 becomes 0, hence loss scaling (training/grad_scaler.py).
+
+On CuPy (a GPU, or the tests' stand-in): fp16 is CuPy's native float16. CuPy has no bfloat16
+dtype, so a bf16 value is rounded by the project's kernel (kernels/bf16.cu, round to nearest
+even, bit-identical to ml_dtypes) and kept in a float32 array: the same values as the CPU
+path, but 4 bytes each — none of the activation memory bf16 saves on the CPU path (storing
+the uint16 bit patterns would save it, at the price of a conversion in every op and a
+gradient dtype the engine does not know). The gradient arriving at a bf16 output is rounded
+to bf16 by the op (the CPU engine does it by casting to the output's dtype).
 
     from xtrain_lessons.model import precision
     model.compute_dtype = "bf16"      # Model.__call__ / Model.loss now run forward_bf16
@@ -40,6 +51,8 @@ cast_params(params, names=None) -> dict   bf16 copies of the matmul weights (2-D
                           the embedding, which is a lookup and stays float32)
 linear, rmsnorm, rope, causal_attention, swiglu, dropout, cross_entropy   the bf16 ops
 forward_bf16(model, ids) -> logits Tensor (bf16)   the model's forward under this policy
+forward_lowp(model, ids, dtype) / loss_lowp(...)   the same for dtype "bf16" or "fp16"
+FP16, LOW_DTYPES, to_low(a, low)   the float16 dtype, {"bf16": BF16, "fp16": FP16}, the cast
 loss_bf16(model, ids, targets, ignore_index=-100) -> float32 scalar Tensor
 POLICY                    op -> (compute dtype, output dtype, what it keeps for backward)
 """
@@ -54,11 +67,13 @@ import numpy as np
 from xtrain_lessons.autograd.tensor import Tensor, as_tensor, make_node
 from xtrain_lessons.model.dropout import dropout_scale
 from xtrain_lessons.model.layers import _from_heads, _rotate_half_T, _to_heads, rotate_half
-from xtrain_lessons.runtime.device import on_gpu
+from xtrain_lessons.runtime.device import array_module, on_gpu
+from xtrain_lessons.runtime.kernels.bf16 import bf16_to_f32, f32_to_bf16
 
 __all__ = ["BF16", "to_bf16", "to_f32", "bf16_bits", "cast", "cast_params", "linear", "rmsnorm",
            "rope", "causal_attention", "swiglu", "dropout", "cross_entropy", "forward_bf16",
-           "loss_bf16", "POLICY", "COMPUTE_DTYPES"]
+           "loss_bf16", "POLICY", "COMPUTE_DTYPES", "FP16", "LOW_DTYPES", "to_low", "forward_lowp",
+           "loss_lowp"]
 
 try:  # ml_dtypes ships with jax/torch-less installs too; it is a dependency of this phase
 
@@ -66,7 +81,9 @@ try:  # ml_dtypes ships with jax/torch-less installs too; it is a dependency of 
 except ImportError:  # pragma: no cover
     BF16 = None
 
-COMPUTE_DTYPES = ("float32", "bf16")
+FP16 = np.dtype(np.float16)
+COMPUTE_DTYPES = ("float32", "bf16", "fp16")
+LOW_DTYPES = {"bf16": BF16, "fp16": FP16}
 
 #: op -> (arithmetic, output stored as, kept for backward)
 POLICY = {
@@ -87,14 +104,13 @@ POLICY = {
 def _need_numpy(a):
     if BF16 is None:
         raise ImportError("bf16 needs the ml_dtypes package (pip install ml_dtypes)")
-    if on_gpu(a):
-        raise NotImplementedError("amp: the bf16 emulation runs on NumPy arrays only "
-                                  "(CuPy has no bfloat16 dtype); use the CPU device")
 
 
 def to_bf16(a) -> np.ndarray:
     """float array -> ml_dtypes.bfloat16 array, round to nearest even (no copy if already bf16)."""
     _need_numpy(a)
+    if on_gpu(a):  # CuPy has no bfloat16: the bf16 value, kept in a float32 (module doc)
+        return _round(a.astype(np.float32, copy=False), BF16)
     if not hasattr(a, "dtype"):  # lists, Python numbers
         a = np.asarray(a, dtype=np.float32)
     if a.dtype == BF16:
@@ -113,24 +129,45 @@ def bf16_bits(a) -> np.ndarray:
     return to_bf16(np.asarray(a, dtype=np.float32)).view(np.uint16)
 
 
-def _round(a):
-    """Round a float32 result to bf16 storage."""
-    return a.astype(BF16)
+def _round(a, low=None):
+    """Round a float32 result to the low-precision storage dtype (bf16 unless `low`).
+    fp16 overflows above 65504 to inf: that is what a GPU does, and what loss scaling detects."""
+    low = low or BF16
+    if on_gpu(a) and low == BF16:  # through the project's kernel (kernels/bf16.cu), kept as float32
+        return bf16_to_f32(f32_to_bf16(a))
+    with np.errstate(over="ignore", invalid="ignore"):
+        return a.astype(low)
+
+
+def _grad_in(g, low):
+    """The gradient arriving at a low-precision output. On the CPU the engine has already cast
+    it to the output's dtype; on CuPy a bf16 output is a float32 array, so round it here, to
+    the value the CPU path sees."""
+    if on_gpu(g) and (low is None or low == BF16):
+        return _round(g.astype(np.float32, copy=False), BF16)
+    return g
+
+
+def to_low(a, low=None):
+    """`a` as `low` (bf16 unless given; no copy if it already is)."""
+    if low is None or low == BF16:
+        return to_bf16(a)
+    return a if a.dtype == low else _round(a, low)
 
 
 # ----------------------------------------------------------------------------------------
 # weights
 
 
-def cast(t: Tensor) -> Tensor:
+def cast(t: Tensor, low=None) -> Tensor:
     """A bf16 copy of a float32 Tensor as a graph node: the gradient flows back, cast to
     the master's dtype, into the master's `.grad`."""
     t = as_tensor(t)
-    return make_node(to_bf16(t.data), (t,), lambda g: (to_f32(g).astype(t.dtype, copy=False),),
-                     "to_bf16")
+    return make_node(to_low(t.data, low), (t,), lambda g: (to_f32(_grad_in(g, low)).astype(t.dtype, copy=False),),
+                     "to_bf16" if low is None or low == BF16 else "to_fp16")
 
 
-def cast_params(params: dict, names=None) -> dict:
+def cast_params(params: dict, names=None, low=None) -> dict:
     """name -> bf16 copy of every matmul weight (2-D, not the embedding table); other
     parameters (norm gains, the embedding) are returned as they are (float32)."""
     out = {}
@@ -138,7 +175,7 @@ def cast_params(params: dict, names=None) -> dict:
         matmul_weight = p.ndim == 2 and "embed_tokens" not in name
         if names is not None:
             matmul_weight = name in names
-        out[name] = cast(p) if matmul_weight else p
+        out[name] = cast(p, low) if matmul_weight else p
     return out
 
 
@@ -146,18 +183,19 @@ def cast_params(params: dict, names=None) -> dict:
 # ops: float32 arithmetic on bf16 values, bf16 outputs and saved activations
 
 
-def linear(x: Tensor, w: Tensor, out_dtype=None) -> Tensor:
+def linear(x: Tensor, w: Tensor, out_dtype=None, low=None) -> Tensor:
     """y = x @ w.T with bf16 operands, float32 accumulation, output rounded to bf16."""
     n_in = x.shape[-1]
     if w.shape[1] != n_in:
         raise ValueError(f"linear: input has {n_in} features but weight is {w.shape} (out, in)")
     _need_numpy(x.data)
-    x16 = to_bf16(x.data).reshape(-1, n_in)  # stored (a view of x.data if x is bf16 already)
-    w16 = to_bf16(w.data)
+    x16 = to_low(x.data, low).reshape(-1, n_in)  # stored (a view of x.data if already low)
+    w16 = to_low(w.data, low)
     y = to_f32(x16) @ to_f32(w16).T
-    y = (y if out_dtype == np.float32 else _round(y)).reshape(*x.shape[:-1], w.shape[0])
+    y = (y if out_dtype == np.float32 else _round(y, low)).reshape(*x.shape[:-1], w.shape[0])
 
     def backward(g):
+        g = g if out_dtype == np.float32 else _grad_in(g, low)
         g2 = to_f32(g).reshape(-1, w.shape[0])
         gx = (g2 @ to_f32(w16)).reshape(x.shape) if x.requires_grad else None
         gw = g2.T @ to_f32(x16) if w.requires_grad else None  # float32 sum over N rows
@@ -166,16 +204,17 @@ def linear(x: Tensor, w: Tensor, out_dtype=None) -> Tensor:
     return make_node(y, (x, w), backward, "linear_bf16")
 
 
-def rmsnorm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+def rmsnorm(x: Tensor, weight: Tensor, eps: float = 1e-6, low=None) -> Tensor:
     """RMSNorm with float32 statistics; output and saved x̂ in bf16, 1/rms in float32."""
     xf = to_f32(x.data)
     D = x.shape[-1]
     r = (np.float32(1.0) / np.sqrt((xf * xf).mean(axis=-1, keepdims=True) + np.float32(eps)))
     xhat = xf * r
-    out = _round(xhat * weight.data)
-    xhat16 = _round(xhat)
+    out = _round(xhat * weight.data, low)
+    xhat16 = _round(xhat, low)
 
     def backward(g):
+        g = _grad_in(g, low)
         gf, xh = to_f32(g), to_f32(xhat16)
         gw = (gf * xh).reshape(-1, D).sum(axis=0) if weight.requires_grad else None
         gx = None
@@ -188,21 +227,22 @@ def rmsnorm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
     return make_node(out, (x, as_tensor(weight)), backward, "rmsnorm_bf16")
 
 
-def rope(x: Tensor, cos, sin) -> Tensor:
+def rope(x: Tensor, cos, sin, low=None) -> Tensor:
     """Rotary embedding in float32 on bf16 input; output bf16."""
     B, T, H, D = x.shape
     c, s = cos[None, :, None, :], sin[None, :, None, :]
     xf = to_f32(x.data)
-    out = _round(xf * c + rotate_half(xf) * s)
+    out = _round(xf * c + rotate_half(xf) * s, low)
 
     def backward(g):
+        g = _grad_in(g, low)
         gf = to_f32(g)
         return (gf * c + _rotate_half_T(gf * s),)
 
     return make_node(out, (x,), backward, "rope_bf16")
 
 
-def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, low=None) -> Tensor:
     """Causal grouped-query attention: S = Q K^T (bf16 operands, float32 accumulate), the
     softmax in float32, P rounded to bf16 (stored, and the operand of P V), output bf16."""
     B, T, H, D = q.shape
@@ -213,14 +253,16 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     vh = to_f32(v.data).transpose(0, 2, 1, 3)
     s = (qh @ kh.swapaxes(-1, -2)) * scale
     s = s.reshape(B, Hkv, H // Hkv, T, T)
-    s += np.where(np.triu(np.ones((T, T), bool), 1), -np.inf, 0.0).astype(np.float32)
+    xp = array_module(s)
+    s += xp.where(xp.triu(xp.ones((T, T), bool), 1), -np.inf, 0.0).astype(np.float32)
     s -= s.max(axis=-1, keepdims=True)
     np.exp(s, out=s)
     s /= s.sum(axis=-1, keepdims=True)
-    p16 = _round(s.reshape(B, Hkv, -1, T))  # (B, Hkv, G*T, T), kept for backward
-    out = _round(_from_heads(to_f32(p16) @ vh, B, T, H, D))
+    p16 = _round(s.reshape(B, Hkv, -1, T), low)  # (B, Hkv, G*T, T), kept for backward
+    out = _round(_from_heads(to_f32(p16) @ vh, B, T, H, D), low)
 
     def backward(g):
+        g = _grad_in(g, low)
         p = to_f32(p16)
         qh = _to_heads(to_f32(q.data), Hkv)
         kh = to_f32(k.data).transpose(0, 2, 1, 3)
@@ -233,8 +275,8 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         ds *= scale
         dq = _from_heads(ds @ kh, B, T, H, D)
         dk = ds.swapaxes(-1, -2) @ qh
-        return (dq, np.ascontiguousarray(dk.transpose(0, 2, 1, 3)),
-                np.ascontiguousarray(dv.transpose(0, 2, 1, 3)))
+        return (dq, xp.ascontiguousarray(dk.transpose(0, 2, 1, 3)),
+                xp.ascontiguousarray(dv.transpose(0, 2, 1, 3)))
 
     return make_node(out, (q, k, v), backward, "attention_bf16")
 
@@ -243,17 +285,18 @@ def _sigmoid_f32(gf):
     return np.float32(0.5) * (np.tanh(gf * np.float32(0.5)) + np.float32(1.0))
 
 
-def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+def swiglu(gate: Tensor, up: Tensor, low=None) -> Tensor:
     """silu(gate) * up in float32, output bf16. Like the float32 op it keeps nothing but
     its inputs: the backward recomputes sigmoid and silu from `gate` and rounds them to bf16,
     the same values a stored bf16 copy would hold."""
     gf, uf = to_f32(gate.data), to_f32(up.data)
-    out = _round(gf * _sigmoid_f32(gf) * uf)
+    out = _round(gf * _sigmoid_f32(gf) * uf, low)
 
     def backward(g):
+        g = _grad_in(g, low)
         af = to_f32(gate.data)
         sig = _sigmoid_f32(af)
-        sg, silu = to_f32(_round(sig)), to_f32(_round(af * sig))
+        sg, silu = to_f32(_round(sig, low)), to_f32(_round(af * sig, low))
         gf_, one = to_f32(g), np.float32(1.0)
         dgate = gf_ * to_f32(up.data) * sg * (one + af * (one - sg))
         return dgate, gf_ * silu
@@ -261,41 +304,44 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     return make_node(out, (gate, up), backward, "swiglu_bf16")
 
 
-def dropout(x: Tensor, p: float, seed: int, offset: int) -> Tensor:
+def dropout(x: Tensor, p: float, seed: int, offset: int, low=None) -> Tensor:
     """Inverted dropout with the float32 scale 1/(1-p) (a bf16 scale would bias it), the same
     Philox mask as the float32 model; output bf16."""
 
-    scale = dropout_scale(x.shape, p, seed, offset, np.float32)
-    out = _round(to_f32(x.data) * scale)
-    return make_node(out, (x,), lambda g: (to_f32(g) * scale,), "dropout_bf16")
+    scale = dropout_scale(x.shape, p, seed, offset, np.float32, array_module(x.data))
+    out = _round(to_f32(x.data) * scale, low)
+    return make_node(out, (x,), lambda g: (to_f32(_grad_in(g, low)) * scale,), "dropout_bf16")
 
 
-def cross_entropy(logits: Tensor, targets, ignore_index: int = -100) -> Tensor:
+def cross_entropy(logits: Tensor, targets, ignore_index: int = -100, low=None) -> Tensor:
     """Mean cross-entropy, computed in float32 from bf16 logits; returns a float32 scalar.
     exp(z - max) is kept in bf16 (as the float32 op keeps it in float32), the row sums in
     float32."""
-    targets = np.asarray(targets.data if isinstance(targets, Tensor) else targets)
+    targets = targets.data if isinstance(targets, Tensor) else targets
     V = logits.shape[-1]
-    x = to_f32(logits.data).reshape(-1, V)
-    t = targets.reshape(-1)
+    xp = array_module(logits.data)
+    host_t = targets if isinstance(targets, np.ndarray) else None  # checked there: no device sync
+    t = xp.asarray(targets).reshape(-1)
     valid = t != ignore_index
-    t_safe = np.where(valid, t, 0)
-    if t.size and (int(t_safe.min()) < 0 or int(t_safe.max()) >= V):
+    t_safe = xp.where(valid, t, 0)
+    check = np.where(host_t != ignore_index, host_t, 0) if host_t is not None else t_safe
+    if t.size and (int(check.min()) < 0 or int(check.max()) >= V):
         raise ValueError(f"cross_entropy: targets must lie in [0, {V}) or equal ignore_index")
-    rows = np.arange(x.shape[0])
-    n_valid = np.float32(valid.sum())
+    x = to_f32(logits.data).reshape(-1, V)
+    rows = xp.arange(x.shape[0])
+    n_valid = valid.sum().astype(np.float32)
     m = x.max(axis=1, keepdims=True)
-    e = np.exp(x - m)
+    e = xp.exp(x - m)
     s = e.sum(axis=1, keepdims=True)  # float32 sums
-    losses = (np.log(s) + m)[:, 0] - x[rows, t_safe]
+    losses = (xp.log(s) + m)[:, 0] - x[rows, t_safe]
     with np.errstate(invalid="ignore", divide="ignore"):
-        loss = np.asarray((losses * valid).sum() / n_valid, dtype=np.float32)
-    e16 = _round(e)
+        loss = ((losses * valid).sum() / n_valid).astype(np.float32)
+    e16 = _round(e, low)
     del e, x
 
     def backward(g):
         with np.errstate(invalid="ignore", divide="ignore"):
-            scale = valid.astype(np.float32) * (np.float32(g) / n_valid)
+            scale = valid.astype(np.float32) * (xp.asarray(g, dtype=np.float32) / n_valid)
         gx = to_f32(e16) * (scale / s[:, 0])[:, None]
         gx[rows, t_safe] -= scale
         return (gx.reshape(logits.shape),)
@@ -307,23 +353,38 @@ def cross_entropy(logits: Tensor, targets, ignore_index: int = -100) -> Tensor:
 # the model's forward under the bf16 policy
 
 
-def forward_bf16(model, ids) -> Tensor:
-    """Logits (B, T, V), bf16, of `model` (a model.Model) with bf16 compute (module doc).
+def forward_lowp(model, ids, dtype: str = "bf16") -> Tensor:
+    """Logits (B, T, V), in `dtype` ("bf16" or "fp16"), of `model` (a model.Model) with
+    low-precision compute (module doc).
 
     The model's own forward (`Model._forward`: QK-norm, GQA, T13 recompute, T18 dropout at
-    the same Philox sites), run with this module's bf16 layer functions and bf16 copies of
-    the weights, cast once per call. The residual stream stays float32.
+    the same Philox sites), run with this module's layer functions and low-precision copies
+    of the weights, cast once per call. The residual stream stays float32.
     """
+    from functools import partial  # noqa: PLC0415
     from types import SimpleNamespace  # noqa: PLC0415
 
     if model.config.attention != "composed":
-        raise ValueError("bf16 compute supports attention='composed' only (not the flash path)")
-    _need_numpy(model.params["lm_head.weight"].data)
-    layers = SimpleNamespace(rmsnorm=rmsnorm, linear=linear, rope=rope, attention=causal_attention,
-                             swiglu=swiglu, dropout=dropout)
-    return model._forward(ids, layers=layers, params=cast_params(model.params))
+        raise ValueError(f"{dtype} compute supports attention='composed' only (not the flash path)")
+    if dtype == "bf16":
+        _need_numpy(model.params["lm_head.weight"].data)
+    low = LOW_DTYPES[dtype]
+    layers = SimpleNamespace(**{f.__name__: partial(f, low=low) for f in (rmsnorm, linear, rope, swiglu, dropout)},
+                             attention=partial(causal_attention, low=low))
+    return model._forward(ids, layers=layers, params=cast_params(model.params, low=low))
+
+
+def forward_bf16(model, ids) -> Tensor:
+    """Logits (B, T, V), bf16, of `model` under the bf16 policy (`forward_lowp`)."""
+    return forward_lowp(model, ids, "bf16")
+
+
+def loss_lowp(model, ids, targets, ignore_index: int = -100, dtype: str = "bf16") -> Tensor:
+    """Mean next-token cross-entropy (float32 scalar) of the low-precision forward."""
+    return cross_entropy(forward_lowp(model, ids, dtype), targets, ignore_index=ignore_index,
+                         low=LOW_DTYPES[dtype])
 
 
 def loss_bf16(model, ids, targets, ignore_index: int = -100) -> Tensor:
     """Mean next-token cross-entropy (float32 scalar) of the bf16 forward."""
-    return cross_entropy(forward_bf16(model, ids), targets, ignore_index=ignore_index)
+    return loss_lowp(model, ids, targets, ignore_index, "bf16")

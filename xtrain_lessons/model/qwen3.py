@@ -35,7 +35,7 @@ from xtrain_lessons.autograd.tensor import Tensor, no_grad
 from xtrain_lessons.model.dropout import dropout
 from xtrain_lessons.model.flash_attention import flash_attention
 from xtrain_lessons.model.layers import causal_attention, linear, rope, rope_tables, swiglu
-from xtrain_lessons.model.precision import forward_bf16, loss_bf16
+from xtrain_lessons.model.precision import forward_lowp, loss_lowp
 from xtrain_lessons.model.recompute import checkpoint
 from xtrain_lessons.runtime.device import array_module, move_to
 
@@ -208,7 +208,7 @@ class Model:
         self.training = True
         self.dropout_seed = seed
         self.dropout_step = 0  # training-mode forwards with dropout so far
-        # T12: "bf16" runs __call__/loss with bf16 compute on float32 master weights
+        # T12: "bf16"/"fp16" run __call__/loss with low-precision compute on float32 masters
         # (xtrain_lessons.model.precision); decoding with a KV cache stays float32
         self.compute_dtype = "float32"
 
@@ -280,9 +280,8 @@ class Model:
     # -- forward ---------------------------------------------------------------------------
     def __call__(self, ids) -> Tensor:
         """ids: int array (B, T) with T <= max_seq_len -> logits Tensor (B, T, V)."""
-        if self.compute_dtype == "bf16":  # T12 mixed precision
-
-            return forward_bf16(self, ids)
+        if self.compute_dtype in ("bf16", "fp16"):  # T12 mixed precision
+            return forward_lowp(self, ids, self.compute_dtype)
         return self._forward(ids)
 
     forward = __call__
@@ -290,9 +289,8 @@ class Model:
     def loss(self, ids, targets, ignore_index: int = -100) -> Tensor:
         """Mean cross-entropy of the next-token logits against `targets` (B, T); positions
         whose target is `ignore_index` do not count."""
-        if self.compute_dtype == "bf16":  # T12: float32 loss from bf16 logits
-
-            return loss_bf16(self, ids, targets, ignore_index)
+        if self.compute_dtype in ("bf16", "fp16"):  # T12: float32 loss from bf16/fp16 logits
+            return loss_lowp(self, ids, targets, ignore_index, self.compute_dtype)
         return ops.cross_entropy(self(ids), targets, ignore_index=ignore_index)
 
     def new_cache(self, batch: int = 1) -> KVCache:
@@ -345,6 +343,9 @@ class Model:
             raise ValueError(f"Model: positions up to {end} exceed max_seq_len={c.max_seq_len} "
                              f"(crop the context to the last max_seq_len tokens)")
         H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
+        if array_module(self.rope_cos) is not xp:  # the tables follow the weights' device (once)
+            where = "cpu" if xp is np else "cuda"
+            self.rope_cos, self.rope_sin = move_to(self.rope_cos, where), move_to(self.rope_sin, where)
         cos, sin = self.rope_cos[start_pos:end], self.rope_sin[start_pos:end]  # (T, D)
 
         x = ops.embedding(P["model.embed_tokens.weight"], host_ids)  # (B, T, dim)

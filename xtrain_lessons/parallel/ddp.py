@@ -141,9 +141,10 @@ def micro_batches(x, y, accum_steps: int, rank: int = 0, world_size: int = 1):
     return out
 
 
-def accumulate_gradients(model, batches, ddp: DDP | None = None) -> float:
+def accumulate_gradients(model, batches, ddp: DDP | None = None, scale=None) -> float:
     """Zero the gradients, then for each of the N (x, y) micro-batches: loss / N, backward
     (gradients add up in ``.grad``); all-reduce once at the end (when ``ddp`` is given).
+    ``scale`` (T12 fp16): a function applied to loss / N before backward (GradScaler.scale).
     Returns this rank's mean loss over the micro-batches (unscaled)."""
     model.zero_grad()
     n = len(batches)
@@ -151,7 +152,8 @@ def accumulate_gradients(model, batches, ddp: DDP | None = None) -> float:
     for x, y in batches:
         loss = model.loss(x, y)
         total += float(loss.item())
-        (loss * (1.0 / n)).backward() if n > 1 else loss.backward()
+        part = loss * (1.0 / n) if n > 1 else loss
+        (scale(part) if scale is not None else part).backward()
         del loss
     if ddp is not None:
         ddp.sync_gradients()

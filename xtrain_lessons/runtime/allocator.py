@@ -27,7 +27,7 @@ CachingAllocator(xp=numpy, min_bytes=512)
     free(arr) (the exact array `alloc` returned); scope() context manager; empty_cache()
     (drop the cached free buffers); stats: AllocatorStats; reset_stats().
     With xp=cupy the buffers come from CuPy's own memory pool (which is itself a caching
-    allocator); this layer only adds the statistics. (Thin and untested here: no GPU.)
+    allocator); this layer only adds the statistics (tested on the tests' CuPy stand-in, not a GPU).
     lease(shape, dtype) -> array that gives its buffer back BY ITSELF when the last array
     using its memory (views included) is gone: no free() to call, so the engine can use it.
 engine_allocator(pool=None) context manager: inside it the engine's large buffers (matmul

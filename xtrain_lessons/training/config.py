@@ -86,8 +86,11 @@ class TrainConfig:
                                     # them (a new process: every core, up to 8). The same bits
                                     # with any count (tests/test_rowwise.py); `xtrain bench
                                     # train --threads N` measures the speed
-    dtype: str = "float32"          # T12 compute dtype: "float32" or "bf16" (float32 master
-                                    # weights and AdamW state either way; xtrain_lessons.model.precision)
+    dtype: str = "float32"          # T12 compute dtype: "float32", "bf16" or "fp16" (float32 master
+                                    # weights and AdamW state either way; xtrain_lessons.model.precision;
+                                    # fp16 adds dynamic loss scaling: training.grad_scaler)
+    loss_scale: float = 0.0         # T12 fp16: 0 = dynamic (2^16, halved on inf, doubled after 2000
+                                    # clean steps); S > 0: a fixed scale S (1: no scaling)
 
     # -- (de)serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -150,7 +153,12 @@ class TrainConfig:
             _require(0.0 <= getattr(self, name) < 1.0, name, "in [0, 1)", getattr(self, name))
         _require(_finite(self.eps) and self.eps > 0, "eps", "a finite number > 0", self.eps)
         _require(0.0 < self.val_fraction < 1.0, "val_fraction", "in (0, 1)", self.val_fraction)
-        _require(self.dtype in ("float32", "bf16"), "dtype", "'float32' or 'bf16'", self.dtype)
+        _require(self.dtype in ("float32", "bf16", "fp16"), "dtype", "'float32', 'bf16' or 'fp16'", self.dtype)
+        _require(_finite(self.loss_scale) and self.loss_scale >= 0, "loss_scale", "a number >= 0 (0: dynamic)",
+                 self.loss_scale)
+        if self.loss_scale and self.dtype != "fp16":
+            raise ConfigError(f"loss_scale is for dtype fp16 (got dtype {self.dtype!r}): "
+                              f"add --dtype fp16 or drop --loss-scale")
         _require(self.tokenizer_impl in ("course", "hf"), "tokenizer_impl", "'course' or 'hf'",
                  self.tokenizer_impl)
         _require(self.preset in PRESETS, "preset", f"one of {sorted(PRESETS)}", self.preset)

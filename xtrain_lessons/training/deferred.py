@@ -29,17 +29,19 @@ def read_steps(pending):
     """Read the losses and gradient norms of the pending steps in ONE host synchronisation.
 
     Returns (good, bad): the steps up to the first non-finite one, with Python floats, and
-    that step (None if every value is finite)."""
+    that step (None if every value is finite). A gradient norm of None is a step that fp16
+    loss scaling skipped (T12): not a divergence, its norm stays None."""
     if not pending:
         return [], None
-    values = [v for p in pending for v in p[2:4]]
+    values = [0.0 if v is None else v for p in pending for v in p[2:4]]
     if any(not isinstance(v, (int, float)) for v in values):
         xp = next(array_module(v) for v in values if not isinstance(v, (int, float)))
         values = to_host(xp.stack([xp.asarray(v, dtype=np.float64) for v in values])).tolist()
     good = []
     for i, p in enumerate(pending):
         loss, norm = values[2 * i], values[2 * i + 1]
-        row = (p[0], p[1], loss, norm, p[4], p[5])
+        row = (p[0], p[1], loss, None if p[3] is None else norm, *p[4:])
+        norm = 0.0 if p[3] is None else norm
         if not (math.isfinite(loss) and math.isfinite(norm)):
             return good, row
         good.append(row)
@@ -50,14 +52,16 @@ class PendingSteps:
     """(step, lr, loss, grad norm, seconds, elapsed) of the steps not yet read on the host,
     and the running numbers read so far (losses, first/last loss, smoothed tokens/s)."""
 
-    def __init__(self, tokens_per_step: int, log_every: int):
-        self.tokens_per_step, self.log_every = tokens_per_step, log_every
+    def __init__(self, tokens_per_step: int, log_every: int, world: int = 1):
+        """`tokens_per_step`: of all ranks together; `world`: the number of ranks."""
+        self.tokens_per_step, self.log_every, self.world = tokens_per_step, log_every, world
         self.rows: list[tuple] = []
         self.losses: list[float] = []
         self.first_loss = self.last_loss = self.ema_tps = None
 
-    def add(self, step, lr, loss, grad_norm, seconds, elapsed) -> None:
-        self.rows.append((step, lr, loss, grad_norm, seconds, elapsed))
+    def add(self, step, lr, loss, grad_norm, seconds, elapsed, extra=None) -> None:
+        """`extra`: more fields for the record (T12 fp16: loss_scale, skipped_steps)."""
+        self.rows.append((step, lr, loss, grad_norm, seconds, elapsed, extra or {}))
 
     def read(self) -> list[dict]:
         """The metric records of the pending steps; TrainingDiverged (carrying the good
@@ -76,12 +80,14 @@ class PendingSteps:
                 records=recs, step=step)
         return recs
 
-    def _record(self, step, lr, loss, grad_norm, seconds, elapsed) -> dict:
+    def _record(self, step, lr, loss, grad_norm, seconds, elapsed, extra=None) -> dict:
         tps = self.tokens_per_step / seconds
         self.ema_tps = tps if self.ema_tps is None else 0.9 * self.ema_tps + 0.1 * tps
         self.first_loss = loss if self.first_loss is None else self.first_loss
         self.last_loss = loss
         self.losses.append(loss)
-        return {"step": step, "train_loss": round(loss, 6), "lr": lr, "grad_norm": round(grad_norm, 6),
-                "tokens_per_s": round(tps, 1), "tokens": step * self.tokens_per_step,
-                "elapsed_s": round(elapsed, 3)}
+        return {"step": step, "train_loss": round(loss, 6), "lr": lr,
+                "grad_norm": None if grad_norm is None else round(grad_norm, 6),
+                "tokens_per_s": round(tps, 1), "tokens_per_s_per_rank": round(tps / self.world, 1),
+                "tokens": step * self.tokens_per_step,
+                "elapsed_s": round(elapsed, 3), **(extra or {})}

@@ -13,6 +13,12 @@ One step (``step`` counts the optimizer steps already taken, from 0):
     norm = clip_grad_norm(params, grad_clip)              # global L2 norm, before clipping
     optimizer.step(lr)
 
+With ``dtype="fp16"`` (T12) the loss is multiplied by the GradScaler's scale before backward,
+and ``scaler.unscale_`` (once per optimizer step, all ranks agreeing) divides the gradients
+before clipping; a step with an inf/NaN gradient is skipped and the scale halved
+(``scaler.update``); ``metrics.jsonl`` gets ``loss_scale`` and ``skipped_steps``. Every record
+has ``tokens_per_s`` (all ranks) and ``tokens_per_s_per_rank``.
+
 A run is a short sequence of named steps, the methods of `Trainer`: ``setup`` (process group,
 tokenizer, data, model, optimizer), ``resume`` or ``start``, then per step ``train_step``
 and, at a logging point, ``log`` (with ``evaluate``, ``sample``, ``checkpoint`` when due),
@@ -102,6 +108,7 @@ from xtrain_lessons.training.config import RESUME_FIXED_FIELDS, ConfigError, Tra
 from xtrain_lessons.training.data import TokenDataset, default_corpus_path, prepare
 from xtrain_lessons.training.deferred import PendingSteps, TrainingDiverged
 from xtrain_lessons.training.fused_adamw import FusedAdamW
+from xtrain_lessons.training.grad_scaler import GradScaler
 from xtrain_lessons.training.metrics import last_sample, plot_metrics, read_metrics, truncate_after
 from xtrain_lessons.training.optim import AdamW, clip_grad_norm, global_grad_norm
 from xtrain_lessons.training.rundir import RunDir, RunLock, config_hash, default_run_dir, new_run_id
@@ -331,6 +338,9 @@ class Trainer:
         self.params = self.model.named_parameters()
         self.opt = make_optimizer(self.params, cfg, self.device)
         self.ddp = DDP(self.model) if self.dp else None  # T08: rank 0's weights, averaged gradients
+        self.scaler = None  # T12: fp16 loss scaling, dynamic unless a fixed --loss-scale is given
+        if cfg.dtype == "fp16":
+            self.scaler = GradScaler(cfg.loss_scale, dynamic=False) if cfg.loss_scale else GradScaler()
         self.rng = np.random.default_rng([cfg.seed, 1])  # the data stream
         self.metrics_path, self.samples_path = self.dir.metrics, self.dir.samples
         if self.rank:  # T17: the other ranks keep their metrics aside
@@ -354,6 +364,8 @@ class Trainer:
             self._set_aside_newer(ck.path)
             self._restore_best(ck.step)
         self.step, self.rng = ck.step, ck.rng()
+        if self.scaler is not None and "grad_scaler" in ck.extra:
+            self.scaler.load_state_dict(ck.extra["grad_scaler"])
         truncate_after(self.step, self.metrics_path, self.samples_path)  # those steps are redone
         self.say(f"resumed {self.dir.path} at step {self.step} (from {ck.path.name})")
         self._announce()
@@ -433,7 +445,7 @@ class Trainer:
         self.log_every = cfg.log_every or (10 if self.device == "cuda" else 1)
         self.deferred = self.log_every > 1
         self.healthy = True  # on the device once a deferred step ran: every step so far was finite
-        self.pending = PendingSteps(self.tokens_per_step, self.log_every)
+        self.pending = PendingSteps(self.tokens_per_step, self.log_every, self.world)  # tokens/s: all ranks
         # without a progress bar (no terminal: a notebook, a CI log) a line every 1/25 of the run
         self.print_every = max(1, cfg.steps // 25)
         self.bar = tqdm(total=cfg.steps, initial=self.step, disable=not self.progress,
@@ -490,33 +502,48 @@ class Trainer:
         x, y = self.train_ds.get_batch(cfg.batch_size * cfg.accum_steps * self.world, cfg.seq_len, self.rng)
         self.model.dropout_step = step  # T18: masks keyed by step, so resume redraws them
         loss_val = self._forward_backward(x, y, lr)
-        params = self.params
+        extra, skip, gnorm = {}, False, None
+        if self.scaler is not None:  # T12 fp16: unscale before clipping, once per optimizer step;
+            extra["loss_scale"] = self.scaler.get_scale()  # an inf/NaN gradient on any rank: skip
+            skip = self.scaler.unscale_(self.params, collectives if self.ddp is not None else None)
+        if not skip:
+            gnorm = self._clip_and_check(loss_val)
+            self.in_update = True
+            self.opt.step(lr, where=self.healthy if self.deferred else None)  # skipped once a value is bad
+            self.in_update = False
+        if self.scaler is not None:
+            self.scaler.update()
+            extra["skipped_steps"] = self.scaler.skipped_steps
+        self.model.zero_grad()
+        dt = time.perf_counter() - t0
+        self.train_time += dt
+        self.step += 1
+        self.pending.add(self.step, lr, loss_val, gnorm, dt, time.perf_counter() - self.t_start, extra)
+
+    def _clip_and_check(self, loss_val):
+        """Clip (or just measure) the global gradient norm; a non-finite one stops the run
+        (read now, or on the device at the logging point when deferred)."""
+        cfg = self.cfg
         if cfg.grad_clip > 0:
-            gnorm = clip_grad_norm(params, cfg.grad_clip, sync=not self.deferred)
+            gnorm = clip_grad_norm(self.params, cfg.grad_clip, sync=not self.deferred)
         else:
-            gnorm = global_grad_norm(params, sync=not self.deferred)
+            gnorm = global_grad_norm(self.params, sync=not self.deferred)
         if self.deferred:  # T07: checked on the device, read at the logging point
             xp = array_module(gnorm)
             self.healthy = self.healthy & xp.isfinite(loss_val) & xp.isfinite(gnorm)
         elif not math.isfinite(gnorm):
             raise TrainingDiverged(
-                f"gradient norm is {gnorm} at step {step} (loss {loss_val:.4f}); "
+                f"gradient norm is {gnorm} at step {self.step} (loss {loss_val:.4f}); "
                 f"stopping before the update; the last good checkpoint is intact.")
-        self.in_update = True
-        self.opt.step(lr, where=self.healthy if self.deferred else None)  # skipped once a value is bad
-        self.in_update = False
-        self.model.zero_grad()
-        dt = time.perf_counter() - t0
-        self.train_time += dt
-        self.step += 1
-        self.pending.add(self.step, lr, loss_val, gnorm, dt, time.perf_counter() - self.t_start)
+        return gnorm
 
     def _forward_backward(self, x, y, lr: float):
         """The loss of the step (a device value when deferred), gradients in .grad."""
         cfg, model = self.cfg, self.model
+        scale = self.scaler.scale if self.scaler is not None else None  # T12 fp16
         if cfg.accum_steps > 1 or self.ddp is not None:  # T16/T08: this rank's micro-batches,
             loss_val = average_scalar(accumulate_gradients(   # one all-reduce at the end
-                model, micro_batches(x, y, cfg.accum_steps, self.rank, self.world), self.ddp))
+                model, micro_batches(x, y, cfg.accum_steps, self.rank, self.world), self.ddp, scale))
             if not self.deferred:  # the same mean on every rank: they all stop together
                 self._check_loss(loss_val, lr)
             return loss_val
@@ -525,7 +552,7 @@ class Trainer:
         if not self.deferred:
             self._check_loss(loss_val, lr)
         model.zero_grad()
-        loss.backward()
+        (scale(loss) if scale is not None else loss).backward()
         return loss_val
 
     def _check_loss(self, loss_val: float, lr: float) -> None:
@@ -587,8 +614,11 @@ class Trainer:
         self.val_step = self.step
         rec["val_loss"] = round(self.last_val, 6)
         rec["val_ppl"] = round(math.exp(min(self.last_val, 50.0)), 3)
+        tps = self.pending.ema_tps
+        speed = (f"{tps:,.0f} tok/s" if self.world == 1 else  # T17: as the seed's DDP logs show both
+                 f"{tps / self.world:,.0f} tok/s per rank, {tps:,.0f} global")
         self.say(f"step {self.step:>6}: train loss {self.pending.last_loss:.4f}  val loss {self.last_val:.4f}  "
-                 f"val ppl {rec['val_ppl']:.2f}  lr {rec['lr']:.2e}  {self.pending.ema_tps:,.0f} tok/s")
+                 f"val ppl {rec['val_ppl']:.2f}  lr {rec['lr']:.2e}  {speed}")
 
     def sample(self, at_step: int) -> str:
         if self.rank:
@@ -612,7 +642,8 @@ class Trainer:
                             rng=self.rng, tokenizer_hash=self.tok_hash, keep_last=cfg.keep_checkpoints or None,
                             data_position=None, run_id=self.run_id, config_hash=self.cfg_hash,
                             keep=(self.best[1],) if self.best else (),
-                            extra={"score": score, "score_is": "val_loss" if evaluated else "train_loss"})
+                            extra={"score": score, "score_is": "val_loss" if evaluated else "train_loss",
+                                   **({"grad_scaler": self.scaler.state_dict()} if self.scaler is not None else {})})
         except Exception as e:
             if not is_disk_full(e):
                 raise

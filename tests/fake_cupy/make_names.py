@@ -1,0 +1,36 @@
+"""Write cupy_names.json from a real CuPy (pip install cupy-cuda12x: it imports without a GPU).
+
+    python tests/fake_cupy/make_names.py      # then commit tests/fake_cupy/cupy_names.json
+"""
+
+import json
+from pathlib import Path
+
+import cupy
+import cupy.cuda
+import cupy.cuda.runtime
+
+DUNDERS = ("__array_ufunc__", "__array_function__", "__array__", "__dlpack__", "__cuda_array_interface__")
+
+
+def public(obj) -> list[str]:
+    return sorted(n for n in dir(obj) if not n.startswith("_") or n in DUNDERS)
+
+
+if __name__ == "__main__":
+    names = {
+        "cupy_version": cupy.__version__,
+        "cupy": public(cupy),
+        "cupy.ndarray": sorted(dir(cupy.ndarray)),
+        "cupy.ufunc": public(cupy.add),
+        "cupy.cuda": public(cupy.cuda),
+        "cupy.cuda.runtime": public(cupy.cuda.runtime),
+        "cupy.cuda.Device": public(cupy.cuda.Device),
+        "cupy.cuda.Stream": public(cupy.cuda.Stream),
+        "cupy.cuda.MemoryPool": public(cupy.cuda.MemoryPool),
+        "cupy.RawKernel": public(cupy.RawKernel),
+        "cupy.RawModule": public(cupy.RawModule),
+    }
+    out = Path(__file__).with_name("cupy_names.json")
+    out.write_text(json.dumps(names, indent=0) + "\n")
+    print(f"wrote {out} (CuPy {cupy.__version__})")

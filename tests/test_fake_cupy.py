@@ -1,0 +1,213 @@
+"""The CPU stand-in for CuPy (tests/fake_cupy): it keeps CuPy's rules, and with it the
+package's GPU code paths run in CI — kernels, fused AdamW, Philox dropout, a whole
+`xtrain train --device cuda` matching the CPU run. It is not a GPU: see fake_cupy's doc."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import fake_cupy
+from xtrain_lessons.runtime import device
+from xtrain_lessons.runtime import cuda as cuda_kernels
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """`import cupy` gives the stand-in and the device is "cuda" for the test."""
+    before = fake_cupy.install()
+    monkeypatch.setattr(device, "_gpu_ok", None)
+    device.set_device("cuda")
+    try:
+        yield fake_cupy
+    finally:
+        device.set_device(None)
+        device._gpu_ok = None
+        for key in [k for k in cuda_kernels._loaded if k[2] == "gpu"]:
+            del cuda_kernels._loaded[key]
+        fake_cupy.uninstall(before)
+
+
+def test_the_seam_sees_a_gpu(gpu):
+    assert device.gpu_available() and device.get_device() == "cuda"
+    xp = device.get_xp()
+    assert xp is gpu and device.on_gpu(xp.zeros(3)) and not device.on_gpu(np.zeros(3))
+    assert "stand-in" in device.describe()
+
+
+def test_cupy_rules_implicit_conversion_and_names(gpu):
+    cp = gpu
+    a = cp.arange(6, dtype=cp.float32).reshape(2, 3)
+    with pytest.raises(TypeError, match="Implicit conversion"):
+        np.asarray(a)
+    with pytest.raises(TypeError):
+        a + np.ones((2, 3), np.float32)  # a host array in a device expression
+    with pytest.raises(AttributeError):
+        cp.nanargmin_of_something  # noqa: B018  (not a CuPy name)
+    with pytest.raises(AttributeError):
+        cp.asmatrix  # NumPy has it, CuPy does not
+    b = np.exp(a) * np.float32(2)  # NumPy functions on a cupy array run "on the device"
+    assert isinstance(b, cp.ndarray)
+    np.testing.assert_allclose(cp.asnumpy(b), 2 * np.exp(np.arange(6, dtype=np.float32)).reshape(2, 3))
+    syncs = gpu.stats["host_syncs"]
+    float(a.sum())
+    a.get()
+    assert gpu.stats["host_syncs"] == syncs + 2
+
+
+def test_memory_pool_bookkeeping(gpu):
+    pool = gpu.get_default_memory_pool()
+    pool.free_all_blocks()
+    used = pool.used_bytes()
+    a = gpu.zeros(1000, gpu.float32)  # 4000 bytes -> one 4096-byte block
+    assert pool.used_bytes() == used + 4096
+    del a
+    assert pool.used_bytes() == used and pool.free_bytes() == 4096  # cached, not returned
+    b = gpu.zeros(1000, gpu.float32)  # the cached block is reused
+    assert pool.free_bytes() == 0 and pool.total_bytes() == used + 4096
+    del b
+    pool.free_all_blocks()
+    assert pool.total_bytes() == used
+
+
+def test_raw_kernel_runs_on_the_emulator_and_refuses_host_arrays(gpu):
+    from xtrain_lessons.runtime.kernels.vector_add import vector_add  # noqa: PLC0415
+
+    x, y = gpu.arange(300, dtype=gpu.float32), gpu.ones(300, gpu.float32)
+    launches = gpu.stats["kernel_launches"]
+    z = vector_add(x, y)
+    assert isinstance(z, gpu.ndarray) and gpu.stats["kernel_launches"] == launches + 1
+    np.testing.assert_array_equal(z.get(), np.arange(300, dtype=np.float32) + 1)
+    k = cuda_kernels.load_kernel("vector_add.cu", "vector_add")
+    assert k.backend == "gpu"
+    with pytest.raises(TypeError):
+        k((2,), (256,), (np.zeros(300, np.float32), y, gpu.zeros(300, gpu.float32), np.int32(300)))
+
+
+# ------------------------------------------------------------------ `xtrain train --device cuda`
+from pathlib import Path  # noqa: E402
+
+from safetensors.numpy import load_file  # noqa: E402
+
+from xtrain_lessons.cli import main  # noqa: E402
+from xtrain_lessons.training import loop  # noqa: E402
+
+from test_train import small_corpus  # noqa: E402
+
+FLAGS = ["--preset", "test", "--vocab-size", "300", "--steps", "6", "--batch-size", "4", "--seq-len", "16",
+         "--max-lr", "1e-2", "--warmup", "2", "--eval-every", "3", "--eval-batches", "2", "--sample-every", "0",
+         "--sample-tokens", "4", "--checkpoint-every", "3", "--threads", "1", "--no-progress", "--no-hf-check"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return small_corpus(tmp_path_factory.mktemp("corpus") / "small.txt")
+
+
+def _run(corpus, out: Path, device_name: str, extra, monkeypatch) -> tuple[list[dict], dict]:
+    monkeypatch.setenv("XTRAIN_DEVICE", device_name)
+    device.set_device(device_name)
+    assert main.main(["train", "--device", device_name, "--data", str(corpus), "--out", str(out), *FLAGS, *extra]) == 0
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    latest = (out / "checkpoints" / "latest").read_text().strip()
+    return metrics, load_file(str(out / "checkpoints" / latest / "model.safetensors"))
+
+
+# extra flags -> (relative tolerance on each step's loss, on each weight tensor's norm of the
+# difference). float32 and fp16: the same NumPy arithmetic on both paths (fused AdamW's kernel
+# vs optim.AdamW differ by float32 rounding); bf16: on CuPy the bf16 activations are float32
+# arrays holding bf16 values; the gradient arriving at each is rounded to bf16 once, where the
+# CPU engine also rounds each partial sum of a fan-out, and AdamW (lr 1e-2) turns a tiny
+# gradient's changed sign into a full step of the other sign: losses agree to ~1e-6, weights
+# (norm of the difference) to 1.3% at worst on this run (6% before the incoming gradients
+# were rounded), hence 3%.
+CASES = {
+    "float32": ([], 1e-5, 1e-4),
+    "fp16": (["--dtype", "fp16", "--accum-steps", "2"], 1e-5, 1e-4),
+    "bf16": (["--dtype", "bf16"], 1e-4, 3e-2),
+    "dropout": (["--dropout", "0.1"], 1e-5, 1e-4),
+    "flash": (["--attention", "flash"], 1e-5, 1e-4),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_xtrain_train_device_cuda_matches_the_cpu_run(case, corpus, tmp_path, gpu, monkeypatch):
+    extra, tol, w_tol = CASES[case]
+    m_cpu, w_cpu = _run(corpus, tmp_path / "cpu", "cpu", extra, monkeypatch)
+    launches = gpu.stats["kernel_launches"]
+    m_gpu, w_gpu = _run(corpus, tmp_path / "gpu", "cuda", extra, monkeypatch)
+    assert gpu.stats["kernel_launches"] >= launches + 6  # fused AdamW: one launch per step at least
+    assert len(m_gpu) == len(m_cpu) == 6
+    for a, b in zip(m_cpu, m_gpu):
+        assert abs(a["train_loss"] - b["train_loss"]) <= tol * abs(a["train_loss"]), (a, b)
+        assert b.get("loss_scale") == a.get("loss_scale")
+    for k in w_cpu:
+        assert np.linalg.norm(w_gpu[k] - w_cpu[k]) <= w_tol * np.linalg.norm(w_cpu[k]), k
+
+
+@pytest.mark.parametrize("dtype,per_step", [("float32", 0), ("fp16", 1)])
+def test_host_syncs_only_at_logging_points(dtype, per_step, corpus, tmp_path, gpu, monkeypatch):
+    """On a GPU the step does not wait for the device (T07): no host synchronisation inside
+    train_step in float32 (fp16: exactly one, the scaler's inf check)."""
+    inside = []
+    real = loop.Trainer.train_step
+
+    def counted(self):
+        before = gpu.stats["host_syncs"]
+        real(self)
+        inside.append(gpu.stats["host_syncs"] - before)
+
+    monkeypatch.setattr(loop.Trainer, "train_step", counted)
+    cfg = loop.TrainConfig(preset="test", vocab_size=300, steps=6, batch_size=4, seq_len=16, eval_every=0,
+                           sample_every=0, sample_tokens=0, checkpoint_every=0, threads=1, dtype=dtype,
+                           data=str(corpus), out=str(tmp_path / "run"))
+    r = loop.train(cfg, progress=False, log=lambda s: None)
+    assert r.status == "done" and inside == [per_step] * 6
+
+
+def test_doctor_reports_the_precisions_on_the_gpu_path(gpu):
+    from xtrain_lessons.course import doctor  # noqa: PLC0415
+
+    f = doctor.check_precisions()
+    assert f.status == doctor.OK and f.component == "precisions (cuda)", f.detail
+    assert "native float16" in f.detail and "kernels/bf16.cu" in f.detail
+
+
+def test_activation_memory_of_each_precision_on_the_gpu_path(gpu):
+    """What the storage choice means on CuPy: fp16 activations take 2 bytes (about 45% less
+    kept for the backward than float32), bf16 ones are float32 arrays holding bf16 values:
+    no saving (the bf16 weight copies even add to it)."""
+    from xtrain_lessons.model.qwen3 import PRESETS, Model  # noqa: PLC0415
+    from xtrain_lessons.model.recompute import saved_bytes  # noqa: PLC0415
+
+    kept = {}
+    for dtype in ("float32", "bf16", "fp16"):
+        m = Model(PRESETS["test"].replace(vocab_size=256, max_seq_len=64), seed=0)
+        for p in m.parameters():
+            p.data = device.to_device(p.data)
+        m.compute_dtype = dtype
+        ids = np.random.default_rng(0).integers(0, 256, (4, 64))
+        kept[dtype] = saved_bytes(m.loss(ids, ids))
+    assert kept["fp16"] < 0.65 * kept["float32"]
+    assert kept["bf16"] >= kept["float32"]
+
+
+def test_caching_allocator_on_cupys_pool(gpu):
+    """runtime/allocator with xp=cupy: device buffers, hits after a free, CuPy's pool holding
+    the bytes; lease() is refused (on a GPU CuPy's pool already recycles)."""
+    from xtrain_lessons.runtime.allocator import CachingAllocator  # noqa: PLC0415
+
+    pool, cupy_pool = CachingAllocator(xp=gpu), gpu.get_default_memory_pool()
+    cupy_pool.free_all_blocks()
+    before = cupy_pool.used_bytes()
+    a = pool.alloc((1000,), np.float32)
+    assert isinstance(a, gpu.ndarray) and a.shape == (1000,)
+    assert cupy_pool.used_bytes() - before == 4096  # the size class, rounded as CuPy rounds
+    pool.free(a)
+    b = pool.alloc((900,), np.float32)  # same size class: the cached buffer
+    assert pool.stats.hits == 1 and pool.stats.misses == 1
+    pool.free(b)
+    with pytest.raises(TypeError):
+        pool.lease((10,), np.float32)
