@@ -74,7 +74,7 @@ def fails(capsys, argv, code) -> str:
     (["--steps", "0"], "steps must be a positive integer"),
     (["--max-lr", "inf"], "max_lr must be a finite number"),
     (["--spike-factor", "0.5"], "spike_factor must be 0 (off) or > 1"),
-    (["--dtype", "fp8"], "dtype must be 'float32' or 'bf16'"),
+    (["--dtype", "fp8"], "dtype must be 'float32', 'bf16' or 'fp16'"),
     (["--preset", "huge"], "preset must be one of"),
     (["--from-checkpoint", "step_00000002"], "--from-checkpoint needs --resume"),
 ])

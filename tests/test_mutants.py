@@ -139,11 +139,14 @@ def mutate_notebook(stem: str) -> list[str]:
                     source, replace = cell, (enclosing_function(cell, ex_id), mutant)
                 else:
                     source, replace = (cell if mutant is None else substitute(cell, ex_id, mutant)), None
-                try:
+                try:  # mutants' kernels run sanitized: a guardless one is reported, not a segfault
+                    os.environ["XTRAIN_SANITIZE"] = "1"
                     lines = verdicts(run_variant(cells, i, j, source, ns, stem, replace), ex_id)
                 except Exception as exc:  # a check cell must never crash
                     problems.append(f"{ex_id} {what}: the check cell raised {type(exc).__name__}: {exc}")
                     continue
+                finally:
+                    os.environ.pop("XTRAIN_SANITIZE", None)
                 if os.environ.get("MUTANTS_VERBOSE"):
                     print(f"{ex_id} {what}: {lines}")
                 want = {"(the solution)": "✅", "(the learner's stub)": "⏳"}.get(what, "❌")
@@ -175,9 +178,7 @@ def test_checks_reject_every_mutant(stem):
     # one process per notebook: a kernel mutant without its bounds guard writes past a buffer,
     # which may bring down the process that ran it (as it would a learner's Jupyter kernel)
     res = subprocess.run([sys.executable, __file__, stem], capture_output=True, text=True, timeout=600,
-                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO),
-                              # a kernel mutant without its bounds guard is reported, not a segfault
-                              "XTRAIN_SANITIZE": "1"})
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
 
 

@@ -122,6 +122,12 @@ def _wrap(x):
     return x
 
 
+# id(NumPy array that owns its memory) -> its wrapper: a view's `.base` is that one object, as
+# in CuPy (code that tells buffers apart by the owner's identity, like recompute.saved_bytes,
+# would otherwise see a new owner at every access)
+_OWNERS = weakref.WeakValueDictionary()
+
+
 class ndarray:
     """A NumPy array behind CuPy's interface (see the module doc)."""
 
@@ -140,6 +146,18 @@ class ndarray:
         self._a = a
         if a.flags.owndata and a.nbytes:  # a new block from the pool (views share their base's)
             weakref.finalize(self, _pool._release, _pool._malloc(a.nbytes))
+        if a.base is None:
+            _OWNERS[id(a)] = self
+
+    @property
+    def base(self):
+        owner = self._a.base
+        if owner is None:
+            return None
+        if getattr(self, "_base_wrapper", None) is None:  # kept: the view holds its base alive
+            w = _OWNERS.get(id(owner))
+            self._base_wrapper = w if w is not None and w._a is owner else ndarray._wrap(owner)
+        return self._base_wrapper
 
     # -- host transfers (counted) --------------------------------------------------------
     def __array__(self, *args, **kwargs):
@@ -195,7 +213,6 @@ class ndarray:
     strides = property(lambda self: self._a.strides)
     flags = property(lambda self: self._a.flags)
     T = property(lambda self: ndarray._wrap(self._a.T))
-    base = property(lambda self: None if self._a.base is None else ndarray._wrap(self._a.base))
 
     @property
     def device(self):
