@@ -32,10 +32,11 @@ def predict(fit: dict, N, D):
 
 def _residual_and_jacobian(theta, lnN, lnD, lnL):
     e, a, b, alpha, beta = theta
-    tE, tN, tD = np.exp(e), np.exp(a - alpha * lnN), np.exp(b - beta * lnD)
-    pred = tE + tN + tD
-    r = np.log(pred) - lnL
-    J = np.stack([tE * np.ones_like(lnN), tN, tD, -lnN * tN, -lnD * tD], axis=1) / pred[:, None]
+    with np.errstate(over="ignore", invalid="ignore"):  # a wild trial step: rejected by its cost
+        tE, tN, tD = np.exp(e), np.exp(a - alpha * lnN), np.exp(b - beta * lnD)
+        pred = tE + tN + tD
+        r = np.log(pred) - lnL
+        J = np.stack([tE * np.ones_like(lnN), tN, tD, -lnN * tN, -lnD * tD], axis=1) / pred[:, None]
     return r, J
 
 
