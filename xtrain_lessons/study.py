@@ -3,11 +3,12 @@
     from xtrain_lessons.study import run_study
     report = run_study("quick", out="study")        # or "full" (the default of `xtrain study`)
 
-The plan. The corpus's documents are split once, by position: the last documents holding at
-least ``eval_bytes`` bytes become ``corpus/eval.txt``, the fixed held-out file every run is
-scored on (``evaluate.evaluate_model``: the whole file, bits per byte); the rest is
-``corpus/train.txt``; its first ``small_bytes`` bytes of documents are ``corpus/small.txt``,
-a small corpus for the data-vs-capacity comparisons. One byte-level BPE tokenizer is trained
+The plan. The corpus's documents are split once, by position (no randomness): the last
+documents holding at least ``eval_bytes`` bytes become ``corpus/eval.txt``, the fixed
+held-out file every run is scored on (``evaluate.evaluate_model``: the whole file, bits per
+byte); the documents just before it, up to ``train_bytes``, are ``corpus/train.txt``; the
+first of those, at least ``small_bytes``, are ``corpus/small.txt``, a small corpus for the
+data-vs-capacity comparisons (many epochs over little text). One byte-level BPE tokenizer is trained
 on train.txt and shared by every run. Then every model size trains for every token budget on
 train.txt (the grid), plus a few runs on small.txt (``extra``). Each run is a plain
 ``train()`` run directory under ``runs/``, with its own cosine schedule.
@@ -46,7 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 __all__ = ["StudyPreset", "PRESETS", "RunSpec", "plan_runs", "split_corpus", "run_study",
-           "fit_grid", "non_embedding_params", "format_table"]
+           "fit_grid", "non_embedding_params", "format_table", "run_one", "learning_rate"]
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class StudyPreset:
     lr_width: int = 48       # (measured on the quick grid: 1e-2 is best at d32-d48, 3e-3 at d96)
     seed: int = 0
     threads: int = 1
-    flops_budgets: tuple = (1e13, 1e14)  # where fit.json reports the compute-optimal size
+    flops_budgets: tuple = (1e12, 1e13)  # where fit.json reports the compute-optimal size
 
 
 PRESETS: dict[str, StudyPreset] = {
@@ -73,16 +74,17 @@ PRESETS: dict[str, StudyPreset] = {
                                 "d48L2": (48, 2, 2)},
                          steps=(12, 24, 48), extra=(("d24L1", 48),), batch_size=4, seq_len=32,
                          vocab_size=300, eval_bytes=6_000, small_bytes=10_000, train_bytes=100_000),
-    # the notebook's and CI's: about a minute on 2 idle cores
+    # the notebook's and CI's: 46 s on 2 idle cores, about 2 minutes on a busy machine
     "quick": StudyPreset(sizes={"d24L2": (24, 2, 2), "d32L2": (32, 2, 2), "d48L2": (48, 2, 2),
                                 "d64L3": (64, 3, 4)},
                          steps=(80, 160, 320), extra=(("d32L2", 160), ("d32L2", 320), ("d64L3", 320))),
-    # the default of `xtrain study`
-    "full": StudyPreset(sizes={"d32L2": (32, 2, 2), "d64L3": (64, 3, 4), "d96L4": (96, 4, 4),
-                               "d128L4": (128, 4, 4), "d160L5": (160, 5, 5)},
-                        steps=(200, 400, 800), extra=(("d64L3", 400), ("d64L3", 800), ("d160L5", 800)),
-                        eval_bytes=100_000, small_bytes=250_000, train_bytes=8_000_000,
-                        flops_budgets=(1e14, 1e15)),
+    # the default of `xtrain study`: about 15 minutes of training on 2 idle cores (estimated
+    # from step times; see the T19 notes for the measured wall time)
+    "full": StudyPreset(sizes={"d32L2": (32, 2, 2), "d48L2": (48, 2, 2), "d64L3": (64, 3, 4),
+                               "d96L4": (96, 4, 4), "d128L4": (128, 4, 4)},
+                        steps=(400, 800, 1600), extra=(("d48L2", 800), ("d48L2", 1600), ("d128L4", 1600)),
+                        batch_size=16, eval_bytes=100_000, small_bytes=250_000, train_bytes=8_000_000,
+                        flops_budgets=(1e13, 1e14)),
 }
 
 
@@ -215,7 +217,7 @@ def _train_config(study: Path, preset: StudyPreset, spec: RunSpec):
         threads=preset.threads, out=str(study / "runs" / spec.name(preset)))
 
 
-def _run_one(study: Path, preset: StudyPreset, spec: RunSpec, progress: bool) -> dict:
+def run_one(study: Path, preset: StudyPreset, spec: RunSpec, progress: bool) -> dict:
     """Train (or continue) one run, score it on eval.txt, write its result.json."""
     from .bench import train_flops_per_token  # noqa: PLC0415
     from .data import TokenDataset  # noqa: PLC0415
@@ -287,7 +289,7 @@ def run_study(preset: str | StudyPreset = "full", out: str | os.PathLike = "stud
     with tqdm(total=len(specs), desc="study", unit="run", disable=not progress, file=sys.stderr) as bar:
         for spec in specs:
             bar.set_postfix_str(spec.name(p))
-            rows.append(_run_one(study, p, spec, progress))
+            rows.append(run_one(study, p, spec, progress))
             bar.update(1)
     return write_report(study, p, rows)
 
