@@ -95,8 +95,9 @@ class RunSpec:
     corpus: str = "train"  # "train" (the grid) or "small"
 
     def name(self, preset: StudyPreset) -> str:
-        k = self.steps * preset.batch_size * preset.seq_len / 1000
-        return f"{self.size}-{k:.3g}k" + ("-small" if self.corpus == "small" else "")
+        n = self.steps * preset.batch_size * preset.seq_len
+        tokens = f"{n / 1e3:.3g}k" if n < 1e6 else f"{n / 1e6:.3g}M"
+        return f"{self.size}-{tokens}" + ("-small" if self.corpus == "small" else "")
 
 
 def plan_runs(preset: StudyPreset) -> list[RunSpec]:
