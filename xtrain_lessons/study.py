@@ -223,7 +223,7 @@ def run_one(study: Path, preset: StudyPreset, spec: RunSpec, progress: bool) -> 
     from .bench import train_flops_per_token  # noqa: PLC0415
     from .data import TokenDataset  # noqa: PLC0415
     from .evaluate import evaluate_model  # noqa: PLC0415
-    from .train import read_metrics, train  # noqa: PLC0415
+    from .train import train  # noqa: PLC0415
 
     name = spec.name(preset)
     run_dir = study / "runs" / name
