@@ -25,7 +25,10 @@ Outputs in the study directory::
     log.jsonl           one event per run and session: start, resume, reuse, done
 
 FLOPs of a run = tokens x ``bench.train_flops_per_token`` = 6 N D + attention, where N counts
-every weight matrix that is multiplied (the non-embedding weights and the lm_head).
+every weight matrix that is multiplied (the non-embedding weights and the lm_head). Wall time
+of a run = its ``train()`` sessions (tokenizing its text included, scoring excluded; a
+session killed before it returned is not counted). Final train loss = the mean of the last
+10 steps; val loss = ``train()``'s own validation split of the run's text, in nats/token.
 
 Resumable: a run whose ``result.json`` exists is reused; one with a checkpoint continues from
 it (bit-exact, see train.py); one without is started again. Kill the study at any moment
