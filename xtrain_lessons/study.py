@@ -81,8 +81,8 @@ PRESETS: dict[str, StudyPreset] = {
     "quick": StudyPreset(sizes={"d24L2": (24, 2, 2), "d32L2": (32, 2, 2), "d48L2": (48, 2, 2),
                                 "d64L3": (64, 3, 4)},
                          steps=(80, 160, 320), extra=(("d32L2", 160), ("d32L2", 320), ("d64L3", 320))),
-    # the default of `xtrain study`: about 15 minutes of training on 2 idle cores (estimated
-    # from step times; see the T19 notes for the measured wall time)
+    # the default of `xtrain study`: its 18 runs took about 17 minutes of CPU time here (one
+    # thread each), 43 minutes elapsed at nice 19 on a 2-core machine with a load of 5 to 14
     "full": StudyPreset(sizes={"d32L2": (32, 2, 2), "d48L2": (48, 2, 2), "d64L3": (64, 3, 4),
                                "d96L4": (96, 4, 4), "d128L4": (128, 4, 4)},
                         steps=(400, 800, 1600), extra=(("d48L2", 800), ("d48L2", 1600), ("d128L4", 1600)),
@@ -341,11 +341,11 @@ def write_report(study: Path, preset: StudyPreset, rows: list[dict]) -> dict:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = f"{'run':<18}{'N (non-emb)':>12}{'tokens':>9}{'epochs':>7}{'FLOPs':>10}{'wall s':>8}" \
+    head = f"{'run':<20}{'N (non-emb)':>12}{'tokens':>11}{'epochs':>7}{'FLOPs':>10}{'wall s':>8}" \
            f"{'train':>7}{'val':>7}{'bits/byte':>10}"
     lines = [head]
     for r in rows:
-        lines.append(f"{r['run']:<18}{r['params_nonembed']:>12,}{r['tokens']:>9,}{r['epochs']:>7.2f}"
+        lines.append(f"{r['run']:<20}{r['params_nonembed']:>12,}{r['tokens']:>11,}{r['epochs']:>7.2f}"
                      f"{r['flops']:>10.2e}{r['wall_s']:>8.1f}{r['train_loss']:>7.3f}"
                      f"{(r['val_loss'] or math.nan):>7.3f}{r['eval_bits_per_byte']:>10.4f}")
     return "\n".join(lines)
