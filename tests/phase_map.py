@@ -44,6 +44,9 @@ PHASES = {
     "T17": ("launcher", ["parallel/launch.py", "cli/launch.py"], ["test_launcher.py", "test_faults_signals.py"]),
     "T18": ("dropout", ["model/dropout.py", "runtime/rng.py", "runtime/kernels/philox.py"],
             ["test_dropout.py", "test_rng.py"]),
+    "T19": ("capstone", ["measure/evaluate.py", "measure/study.py", "measure/scaling_law.py",
+                         "measure/study_plots.py", "cli/eval.py", "cli/study.py"],
+            ["test_eval.py", "test_study.py", "test_mutants_T19.py"]),
     "T20": ("grpo", ["training/grpo.py", "training/rewards.py", "training/post_train.py", "cli/grpo.py", "measure/grpo_bench.py"],
             ["test_grpo.py", "test_mutants_T20.py"]),
 }

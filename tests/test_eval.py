@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from xtrain_lessons import eval_cli
-from xtrain_lessons.evaluate import EvalError, evaluate_run
-from xtrain_lessons.tokenizer import EOT
-from xtrain_lessons.train import TrainConfig, load_run, train
+from xtrain_lessons.cli import eval
+from xtrain_lessons.measure.evaluate import EvalError, evaluate_run
+from xtrain_lessons.training.tokenizer import EOT
+from xtrain_lessons.training.config import TrainConfig
+from xtrain_lessons.training.rundir import load_run
+from xtrain_lessons.training.loop import train
 
 from test_train import small_corpus  # noqa: E402  (tests/ is on sys.path under pytest)
 
@@ -115,16 +117,16 @@ def test_bad_input_gives_one_clear_line(runs, tmp_path, capsys, case, needle):
     with pytest.raises(EvalError, match=needle):
         evaluate_run(run, data)
     p = argparse.ArgumentParser()
-    eval_cli.configure_parser(p)
-    assert eval_cli.run(p.parse_args([str(run), "--data", str(data)])) == 2
+    eval.configure_parser(p)
+    assert eval.run(p.parse_args([str(run), "--data", str(data)])) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("xtrain eval: error:") and len(err.splitlines()) == 1 and needle in err
 
 
 def test_cli_json_line(runs, capsys):
     p = argparse.ArgumentParser()
-    eval_cli.configure_parser(p)
-    assert eval_cli.run(p.parse_args([str(runs["a"]), "--data", str(runs["held"]), "--json"])) == 0
+    eval.configure_parser(p)
+    assert eval.run(p.parse_args([str(runs["a"]), "--data", str(runs["held"]), "--json"])) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1
     r = json.loads(out[0])

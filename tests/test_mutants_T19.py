@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xtrain_lessons.bench import train_flops_per_token
-from xtrain_lessons.course import check_fn
-from xtrain_lessons.model import PRESETS as MODEL_PRESETS, Config
-from xtrain_lessons.scaling_law import predict
-from xtrain_lessons.study import PRESETS, model_overrides
+from xtrain_lessons.measure.bench import train_flops_per_token
+from xtrain_lessons.course.checks import check_fn
+from xtrain_lessons.model.qwen3 import PRESETS as MODEL_PRESETS, Config
+from xtrain_lessons.measure.scaling_law import predict
+from xtrain_lessons.measure.study import PRESETS, model_overrides
 
 _spec = importlib.util.spec_from_file_location("t19_mutants", Path(__file__).parent / "mutants" / "T19_capstone.py")
 mutants = importlib.util.module_from_spec(_spec)

@@ -13,11 +13,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xtrain_lessons.model import PRESETS as MODEL_PRESETS
-from xtrain_lessons.scaling_law import compute_optimal, fit_scaling_law, predict
-from xtrain_lessons.study import (PRESETS, model_overrides, non_embedding_params, plan_runs,
-                                  split_corpus)
-from xtrain_lessons.tokenizer import EOT
+from xtrain_lessons.model.qwen3 import PRESETS as MODEL_PRESETS
+from xtrain_lessons.measure.scaling_law import compute_optimal, fit_scaling_law, predict
+from xtrain_lessons.measure.study import (
+    PRESETS,
+    model_overrides,
+    non_embedding_params,
+    plan_runs,
+    split_corpus,
+)
+from xtrain_lessons.training.tokenizer import EOT
 
 ROOT = Path(__file__).resolve().parents[1]
 TRUE = {"E": 1.1, "A": 40.0, "alpha": 0.34, "B": 300.0, "beta": 0.29}
@@ -97,7 +102,7 @@ def test_split_is_a_fixed_tail(tmp_path):
 
 def _study(out: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "xtrain_lessons.study_cli", "--preset", "micro",
+    return subprocess.Popen([sys.executable, "-m", "xtrain_lessons.cli.study", "--preset", "micro",
                              "--out", str(out), "--no-progress"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
@@ -152,7 +157,7 @@ def test_killed_study_resumes_without_redoing_finished_runs(tmp_path):
 
 
 def test_other_settings_in_the_same_directory_are_refused(tmp_path):
-    from xtrain_lessons.study import _prepare  # noqa: PLC0415
+    from xtrain_lessons.measure.study import _prepare  # noqa: PLC0415
     import dataclasses  # noqa: PLC0415
 
     corpus = tmp_path / "c.txt"

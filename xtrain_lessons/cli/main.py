@@ -28,6 +28,8 @@ SUBCOMMANDS: list[tuple[str, str]] = [
     ("sample", "xtrain_lessons.cli.sample"),
     ("bench", "xtrain_lessons.cli.bench"),
     ("launch", "xtrain_lessons.cli.launch"),
+    ("eval", "xtrain_lessons.cli.eval"),
+    ("study", "xtrain_lessons.cli.study"),
     ("grpo", "xtrain_lessons.cli.grpo"),
 ]
 

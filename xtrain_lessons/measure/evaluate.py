@@ -1,6 +1,6 @@
 """Loss, perplexity and bits per byte of a trained run on a held-out text file (T19).
 
-    from xtrain_lessons.evaluate import evaluate_run
+    from xtrain_lessons.measure.evaluate import evaluate_run
     r = evaluate_run("runs/mine", "study/eval.txt")   # {"loss", "ppl", "bits_per_byte", ...}
 
 What is scored, exactly:
@@ -30,6 +30,14 @@ import os
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
+
+from xtrain_lessons.autograd.tensor import no_grad
+from xtrain_lessons.runtime.device import to_host
+from xtrain_lessons.training.checkpoint import CheckpointError
+from xtrain_lessons.training.data import read_documents
+from xtrain_lessons.training.rundir import load_run
+from xtrain_lessons.training.tokenizer import eot_id
 
 __all__ = ["EvalError", "eval_tokens", "count_bytes", "evaluate_model", "evaluate_run"]
 
@@ -39,7 +47,6 @@ class EvalError(ValueError):
 
 
 def _documents(path: Path) -> list[str]:
-    from .data import read_documents  # noqa: PLC0415
 
     if not path.is_file():
         raise EvalError(f"evaluation text not found: {path}")
@@ -59,8 +66,6 @@ def count_bytes(docs: list[str]) -> int:
 
 def eval_tokens(tok, docs: list[str]) -> np.ndarray:
     """The scored stream: EOT, then every document followed by EOT (int64)."""
-    from .tokenizer import eot_id  # noqa: PLC0415
-
     eot = eot_id(tok)
     parts = [np.array([eot], dtype=np.int64)]
     for enc in tok.encode_batch(docs, add_special_tokens=False):
@@ -76,9 +81,6 @@ def _windows(n_tokens: int, seq_len: int) -> list[tuple[int, int]]:
 
 def _nll_sum(model, x: np.ndarray, y: np.ndarray) -> float:
     """Sum over the batch of -log p(y | x), from the logits in float64."""
-    from .autograd import no_grad  # noqa: PLC0415
-    from .device import to_host  # noqa: PLC0415
-
     with no_grad():
         logits = np.asarray(to_host(model(x).data), dtype=np.float64)  # (B, T, V)
     m = logits.max(axis=-1, keepdims=True)
@@ -104,7 +106,6 @@ def evaluate_model(model, tok, text_path: str | os.PathLike, seq_len: int,
     was_training = model.training
     model.eval()
     try:
-        from tqdm.auto import tqdm  # noqa: PLC0415
 
         for i in tqdm(range(0, len(full), batch_size), disable=not progress, desc="eval", leave=False):
             idx = np.asarray(full[i:i + batch_size])[:, None] + np.arange(seq_len + 1)
@@ -125,9 +126,6 @@ def evaluate_model(model, tok, text_path: str | os.PathLike, seq_len: int,
 def evaluate_run(run_dir: str | os.PathLike, text_path: str | os.PathLike, seq_len: int | None = None,
                  batch_size: int = 16, progress: bool = False) -> dict:
     """Score the latest checkpoint of a run directory; seq_len defaults to the run's own."""
-    from .checkpoint import CheckpointError  # noqa: PLC0415
-    from .train import load_run  # noqa: PLC0415
-
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file():
         raise EvalError(f"{run_dir} is not a run directory (no config.json): give a directory "

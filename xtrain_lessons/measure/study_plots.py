@@ -6,6 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
+from xtrain_lessons.measure.scaling_law import predict
+from xtrain_lessons.training.metrics import read_metrics
+
 
 def _figure(w: float = 7.5, h: float = 4.5):
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
@@ -26,8 +29,6 @@ def _colors(rows):
 
 def plot_curves(study: Path, rows: list[dict], path: Path) -> None:
     """Train loss (smoothed) against tokens for every run: solid on train.txt, dashed on small.txt."""
-    from .train import read_metrics  # noqa: PLC0415
-
     fig, ax = _figure()
     colors = _colors(rows)
     for r in rows:
@@ -53,8 +54,6 @@ def plot_curves(study: Path, rows: list[dict], path: Path) -> None:
 
 def plot_loss_vs_flops(rows: list[dict], fit: dict, path: Path) -> None:
     """Eval bits/byte against training FLOPs; one line per size, the fitted law dotted."""
-    from .scaling_law import predict  # noqa: PLC0415
-
     fig, ax = _figure()
     colors = _colors(rows)
     for size, color in colors.items():

@@ -6,7 +6,7 @@
 The whole file is scored in non-overlapping windows of the run's seq_len (the last one
 shorter), each document followed by <|endoftext|>; bits per byte divide by the file's own
 bytes (documents + 1 per document end), so runs with different tokenizers compare on the
-same bytes (xtrain_lessons.evaluate says exactly how).
+same bytes (xtrain_lessons.measure.evaluate says exactly how).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+from xtrain_lessons.measure.evaluate import EvalError, evaluate_run
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +27,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from xtrain_lessons.evaluate import EvalError, evaluate_run  # noqa: PLC0415
 
     try:
         r = evaluate_run(args.run_dir, args.data, seq_len=args.seq_len, batch_size=args.batch_size,

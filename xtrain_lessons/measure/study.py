@@ -1,6 +1,6 @@
 """A scaling study on the course's own engine (T19): model sizes x token budgets, one corpus.
 
-    from xtrain_lessons.study import run_study
+    from xtrain_lessons.measure.study import run_study
     report = run_study("quick", out="study")        # or "full" (the default of `xtrain study`)
 
 The plan. The corpus's documents are split once, by position (no randomness): the last
@@ -48,6 +48,18 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from xtrain_lessons.measure.bench import train_flops_per_token
+from xtrain_lessons.measure.evaluate import evaluate_model
+from xtrain_lessons.measure.scaling_law import compute_optimal, fit_scaling_law
+from xtrain_lessons.measure.study_plots import plot_curves, plot_loss_vs_flops
+from xtrain_lessons.model.qwen3 import ffn_dim_for
+from xtrain_lessons.training.config import TrainConfig
+from xtrain_lessons.training.data import TokenDataset, default_corpus_path, read_documents
+from xtrain_lessons.training.loop import train
+from xtrain_lessons.training.tokenizer import EOT, atomic_write_bytes, save_tokenizer, train_tokenizer
 
 __all__ = ["StudyPreset", "PRESETS", "RunSpec", "plan_runs", "split_corpus", "run_study",
            "fit_grid", "non_embedding_params", "format_table", "run_one", "learning_rate"]
@@ -111,8 +123,6 @@ def plan_runs(preset: StudyPreset) -> list[RunSpec]:
 
 def model_overrides(preset: StudyPreset, size: str) -> dict:
     """TrainConfig.model for a size: dim, layers and heads; head_dim and ffn_dim derived."""
-    from .model import ffn_dim_for  # noqa: PLC0415
-
     dim, layers, heads = preset.sizes[size]
     return {"dim": dim, "n_layers": layers, "n_heads": heads, "n_kv_heads": heads,
             "head_dim": dim // heads, "ffn_dim": ffn_dim_for(dim), "max_seq_len": preset.seq_len}
@@ -131,7 +141,6 @@ def non_embedding_params(config) -> int:
 # ----- the corpus -------------------------------------------------------------------------
 
 def _eot_text(docs: list[str]) -> str:
-    from .tokenizer import EOT  # noqa: PLC0415
 
     return f"\n{EOT}\n".join(docs) + "\n"
 
@@ -141,8 +150,6 @@ def split_corpus(corpus: str | os.PathLike, out_dir: str | os.PathLike, eval_byt
     """Write eval.txt (the last documents, >= eval_bytes), train.txt (the documents before it,
     at most train_bytes of them, the last ones kept) and small.txt (the first documents of
     train.txt, >= small_bytes) into out_dir. Deterministic: positions only, no randomness."""
-    from .data import read_documents  # noqa: PLC0415
-    from .tokenizer import atomic_write_bytes  # noqa: PLC0415
 
     docs, sha = read_documents(corpus)
     sizes = [len(d.encode("utf-8")) for d in docs]
@@ -173,7 +180,6 @@ def split_corpus(corpus: str | os.PathLike, out_dir: str | os.PathLike, eval_byt
 # ----- running ----------------------------------------------------------------------------
 
 def _write_json(path: Path, obj) -> None:
-    from .tokenizer import atomic_write_bytes  # noqa: PLC0415
 
     atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode("utf-8"))
 
@@ -185,8 +191,6 @@ def _event(study: Path, **kw) -> None:
 
 def _prepare(study: Path, preset: StudyPreset, corpus: Path, log) -> dict:
     """The plan, the corpus split and the tokenizer: made once, checked when resuming."""
-    from .tokenizer import save_tokenizer, train_tokenizer  # noqa: PLC0415
-
     sha = hashlib.sha256(corpus.read_bytes()).hexdigest()
     plan = {"preset": asdict(preset), "corpus": str(corpus), "corpus_sha256": sha}
     plan_path = study / "study.json"
@@ -209,8 +213,6 @@ def _prepare(study: Path, preset: StudyPreset, corpus: Path, log) -> dict:
 
 
 def _train_config(study: Path, preset: StudyPreset, spec: RunSpec):
-    from .train import TrainConfig  # noqa: PLC0415
-
     lr = learning_rate(preset, preset.sizes[spec.size][0])
     return TrainConfig(
         preset="tiny", model=model_overrides(preset, spec.size), data=str(study / "corpus" / f"{spec.corpus}.txt"),
@@ -223,11 +225,6 @@ def _train_config(study: Path, preset: StudyPreset, spec: RunSpec):
 
 def run_one(study: Path, preset: StudyPreset, spec: RunSpec, progress: bool) -> dict:
     """Train (or continue) one run, score it on eval.txt, write its result.json."""
-    from .bench import train_flops_per_token  # noqa: PLC0415
-    from .data import TokenDataset  # noqa: PLC0415
-    from .evaluate import evaluate_model  # noqa: PLC0415
-    from .train import train  # noqa: PLC0415
-
     name = spec.name(preset)
     run_dir = study / "runs" / name
     result_path = run_dir / "result.json"
@@ -277,9 +274,7 @@ def _sessions(run_dir: Path) -> list:
 def run_study(preset: str | StudyPreset = "full", out: str | os.PathLike = "study",
               data: str | os.PathLike | None = None, progress: bool | None = None, log=print) -> dict:
     """Run (or finish) a study; returns {"rows", "fit", "optimal", "paths"} and writes the files."""
-    from tqdm.auto import tqdm  # noqa: PLC0415
 
-    from .data import default_corpus_path  # noqa: PLC0415
 
     p = PRESETS[preset] if isinstance(preset, str) else preset
     study, corpus = Path(out), Path(data) if data is not None else default_corpus_path()
@@ -306,8 +301,6 @@ COLUMNS = ["run", "size", "corpus", "params", "params_nonembed", "steps", "token
 
 def fit_grid(rows: list[dict], budgets=()) -> tuple[dict, list[dict]]:
     """The scaling law on the grid runs (N non-embedding params, D tokens, L eval bits/byte)."""
-    from .scaling_law import compute_optimal, fit_scaling_law  # noqa: PLC0415
-
     grid = [r for r in rows if r["corpus"] == "train"]
     fit = fit_scaling_law([r["params_nonembed"] for r in grid], [r["tokens"] for r in grid],
                           [r["eval_bits_per_byte"] for r in grid])
@@ -321,7 +314,6 @@ def write_report(study: Path, preset: StudyPreset, rows: list[dict]) -> dict:
     w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     w.writerows(rows)
-    from .tokenizer import atomic_write_bytes  # noqa: PLC0415
 
     atomic_write_bytes(study / "results.csv", buf.getvalue().encode("utf-8"))
     _write_json(study / "fit.json", {"law": "bits_per_byte = E + A / N^alpha + B / D^beta",
@@ -331,7 +323,6 @@ def write_report(study: Path, preset: StudyPreset, rows: list[dict]) -> dict:
     samples += [f"| {r['run']} | {r['eval_bits_per_byte']:.3f} | "
                 f"{(r['sample'] or '').replace('|', '/').replace(chr(10), ' ')} |" for r in rows]
     atomic_write_bytes(study / "samples.md", ("\n".join(samples) + "\n").encode("utf-8"))
-    from .study_plots import plot_curves, plot_loss_vs_flops  # noqa: PLC0415
 
     plot_curves(study, rows, study / "curves.png")
     plot_loss_vs_flops(rows, fit, study / "loss_vs_flops.png")

@@ -16,9 +16,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from xtrain_lessons.measure.evaluate import EvalError
+from xtrain_lessons.measure.study import PRESETS, format_table, run_study
+
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    from xtrain_lessons.study import PRESETS  # noqa: PLC0415
 
     parser.add_argument("--preset", choices=sorted(PRESETS), default="full",
                         help="the grid: quick (minutes), full (the default, <= 40 min), micro (tests)")
@@ -33,8 +35,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from xtrain_lessons.evaluate import EvalError  # noqa: PLC0415
-    from xtrain_lessons.study import format_table, run_study  # noqa: PLC0415
 
     try:
         report = run_study(args.preset, out=args.out, data=args.data, progress=args.progress)
