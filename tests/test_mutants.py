@@ -16,6 +16,7 @@ change to it is pending; the test asserts they still pass, so the entry goes onc
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib.util
 import io
@@ -103,10 +104,19 @@ def check_cell(cells: list[str], start: int, ex_id: str) -> int:
 def run_variant(cells, i, j, source, ns, stem, replace_fn=None) -> str:
     """Run cell i as `source` and the cells after it up to j in a copy of ns; return the output."""
     trial = dict(ns)
-    out = run_cell(source, trial, f"<{stem} cell {i}>")
+    before, after = source, ""
+    if replace_fn is not None:  # the check may sit in the same cell, after the function
+        end = next(n.end_lineno for n in ast.parse(source).body
+                   if isinstance(n, ast.FunctionDef) and n.name == replace_fn[0])
+        lines = source.split("\n")
+        before, after = "\n".join(lines[:end]), "\n" * end + "\n".join(lines[end:])
+    out = run_cell(before, trial, f"<{stem} cell {i}>")
     if replace_fn is not None:
         name, fn = replace_fn
-        trial[name] = types.FunctionType(fn.__code__, trial, name, fn.__defaults__, fn.__closure__)
+        # the notebook's names first, then the mutant module's own helpers
+        scope = {**{k: v for k, v in fn.__globals__.items() if not k.startswith("__")}, **trial}
+        trial[name] = types.FunctionType(fn.__code__, scope, name, fn.__defaults__, fn.__closure__)
+        out += run_cell(after, trial, f"<{stem} cell {i}>")
     for k in range(i + 1, j + 1):
         out += run_cell(cells[k], trial, f"<{stem} cell {k}>")
     return out

@@ -73,9 +73,12 @@ def predict_product(fit, N, D):
     return fit["E"] + fit["A"] / N ** fit["alpha"] * fit["B"] / D ** fit["beta"]
 
 
-MUTANTS = {
+BY_EXERCISE = {
     "T19.1": [run_flops_all_params, run_flops_no_lm_head, run_flops_forward_only, run_flops_no_attention,
               run_flops_mha],
     "T19.2": [residuals_linear, residuals_no_E, residuals_raw_params, residuals_log_each_term],
     "T19.3": [predict_no_E, predict_swapped_exponents, predict_growing, predict_product],
 }
+
+# tests/test_mutants.py's format: exercise id -> {what the mistake is: mutant}
+MUTANTS = {ex: {f.__name__.replace("_", " "): f for f in fns} for ex, fns in BY_EXERCISE.items()}
