@@ -1,22 +1,11 @@
-"""Start N worker processes with a torchrun-style environment and watch them.
+"""One process per device: `launch(cmd, nproc)` starts N workers with a torchrun-style
+environment and watches them (the command line is `xtrain launch`, cli/launch.py).
 
-    xtrain launch --nproc 2 -- xtrain train --steps 50 --out runs/dp
-    xtrain launch --nproc 2 -- python my_script.py
-
-Each worker gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR (127.0.0.1 by
-default) and MASTER_PORT (a free port unless --master-port is given), the same variables
-torchrun sets, so a script written for one runs under the other. OMP_NUM_THREADS defaults to
-1 per worker (N workers on N cores). A command starting with `xtrain` runs with this Python
-(`python -m xtrain_lessons.cli.main`).
-
-The launcher never hangs on a broken group: when a worker exits with a non-zero code, the
-others are stopped (SIGTERM, then SIGKILL after --grace seconds) and the launcher exits with
-that code, naming the rank. --max-time bounds the whole run. Ctrl-C or SIGTERM to the launcher
-is forwarded to every worker (which checkpoint and exit), then SIGKILL after --grace seconds.
-
-No orphans: each worker runs in its own process group (a signal reaches what it starts too)
-and, on Linux, asks the kernel to SIGKILL it when the launcher dies (PR_SET_PDEATHSIG), so
-even a `kill -9` of the launcher takes its workers with it.
+Each worker gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT,
+the variables torchrun sets. A worker that exits non-zero stops the others (SIGTERM, then
+SIGKILL after `grace` seconds) and its code is returned; SIGINT/SIGTERM to the launcher are
+forwarded; the workers sit in their own process group with a parent-death signal, so they die
+with the launcher even on SIGKILL.
 """
 
 from __future__ import annotations
