@@ -333,3 +333,28 @@ def test_matmuls_in_one_hand_over_equal_separate_products(threads, n):
     small = cpu_threads.matmuls((g[:3], w))[0]  # too small to split: a plain call
     assert np.array_equal(gx, want_gx) and np.array_equal(gw, want_gw)
     assert np.array_equal(small, want_small)
+
+
+@pytest.mark.parametrize("N", [40, 1000])  # one matmul chunk / 256-row chunks (N x 64 x 700)
+def test_linear_cross_entropy_same_bits_as_linear_then_cross_entropy(threads, N):
+    """The fused lm_head + loss (row chunks, one buffer reused in place) gives the loss and
+    both gradients bit for bit as linear then cross_entropy, for 1, 2 and 3 threads;
+    ignored targets count as in cross_entropy; the backward refuses to run twice."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((N // 4, 4, 64)).astype(np.float32)
+    w = (0.3 * rng.standard_normal((700, 64))).astype(np.float32)
+    t = rng.integers(0, 700, (N // 4, 4))
+    t[0, :2] = -100
+    threads(1)
+    xa, wa = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+    ref = ops.cross_entropy(layers.linear(xa, wa), t)
+    ref.backward()
+    for n in (1, 2, 3):
+        threads(n)
+        xb, wb = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+        got = layers.linear_cross_entropy(xb, wb, t)
+        got.backward()
+        assert got.data == ref.data and got.data.dtype == ref.data.dtype
+        assert np.array_equal(xb.grad, xa.grad) and np.array_equal(wb.grad, wa.grad)
+    with pytest.raises(RuntimeError, match="twice"):
+        got.backward()

@@ -34,7 +34,8 @@ from xtrain_lessons.autograd import ops
 from xtrain_lessons.autograd.tensor import Tensor, no_grad
 from xtrain_lessons.model.dropout import dropout
 from xtrain_lessons.model.flash_attention import flash_attention
-from xtrain_lessons.model.layers import causal_attention, linear, rope, rope_tables, swiglu
+from xtrain_lessons.model.layers import (causal_attention, linear, linear_cross_entropy, rope, rope_tables,
+                                         swiglu)
 from xtrain_lessons.model.precision import forward_bf16, loss_bf16
 from xtrain_lessons.model.recompute import checkpoint
 from xtrain_lessons.runtime.device import array_module, move_to
@@ -293,7 +294,9 @@ class Model:
         if self.compute_dtype == "bf16":  # T12: float32 loss from bf16 logits
 
             return loss_bf16(self, ids, targets, ignore_index)
-        return ops.cross_entropy(self(ids), targets, ignore_index=ignore_index)
+        # the lm_head and the loss as one node: the (B, T, V) logits are never kept (T07)
+        return linear_cross_entropy(self._forward(ids, head=False), self.params["lm_head.weight"],
+                                    targets, ignore_index)
 
     def new_cache(self, batch: int = 1) -> KVCache:
         """An empty KVCache for this model (its dtype and array module), max_seq_len long."""
@@ -321,9 +324,11 @@ class Model:
                                swiglu=swiglu, dropout=dropout)
 
     def _forward(self, ids, cache: KVCache | None = None, start_pos: int = 0, *,
-                 layers: SimpleNamespace | None = None, params: dict | None = None) -> Tensor:
+                 layers: SimpleNamespace | None = None, params: dict | None = None,
+                 head: bool = True) -> Tensor:
         """The forward pass. `layers`/`params` replace the layer functions and the weights
-        (T12 passes bf16 layers and bf16 weight copies); by default float32 and self.params."""
+        (T12 passes bf16 layers and bf16 weight copies); by default float32 and self.params.
+        head=False: the final normed hidden state (B, T, dim), without the lm_head."""
         c = self.config
         P = self.params if params is None else params
         L = self._layers() if layers is None else layers
@@ -386,4 +391,4 @@ class Model:
         for i in range(c.n_layers):
             x = checkpoint(block, x, i) if recompute else block(x, i)
         x = L.rmsnorm(x, P["model.norm.weight"], c.norm_eps)
-        return L.linear(x, P["lm_head.weight"])  # (B, T, V)
+        return L.linear(x, P["lm_head.weight"]) if head else x  # (B, T, V) or (B, T, dim)

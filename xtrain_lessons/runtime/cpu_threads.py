@@ -60,7 +60,7 @@ import numpy as np
 
 from xtrain_lessons.runtime.allocator import empty
 
-__all__ = ["BLOCK_BYTES", "map_rows", "map_items", "matmul", "matmuls", "matmul_chunks", "sum_blocks",
+__all__ = ["BLOCK_BYTES", "map_rows", "map_items", "matmul", "matmuls", "matmul_chunks", "map_chunks", "sum_blocks",
            "set_threads", "get_threads", "blocks", "grid", "runs", "split_items", "blas_threads",
            "set_blas_threads", "blas_threads_set"]
 
@@ -277,6 +277,21 @@ def matmuls(*pairs, outs=None):
         else:
             _run_tasks([lambda a=a, b=b, out=out: np.matmul(a, b, out=out) for _, a, b, out in tasks])
     return outs
+
+
+def map_chunks(fn, chunks, *, like=None) -> None:
+    """fn(lo, hi) for each (lo, hi) of `chunks` (e.g. `matmul_chunks`), taken by the threads
+    one by one as in `matmuls`, OpenBLAS single-threaded meanwhile: for work fused onto a
+    matmul's row chunks (the lm_head and its cross-entropy). `fn` touches its rows only."""
+    if like is not None and not isinstance(like, np.ndarray):
+        fn(chunks[0][0], chunks[-1][1])
+        return
+    with _blas_single():
+        if _threads == 1 or len(chunks) == 1 or getattr(_local, "worker", False):
+            for lo, hi in chunks:
+                fn(lo, hi)
+        else:
+            _run_tasks([lambda lo=lo, hi=hi: fn(lo, hi) for lo, hi in chunks])
 
 
 def _run_tasks(tasks) -> None:
