@@ -145,6 +145,10 @@ PRESETS: dict[str, Config] = {
     # (0.8 s of CPU time on one core; torch float32 on the same model: 0.67 s)
     "tiny": Config(vocab_size=4096, dim=192, n_layers=4, n_heads=4, n_kv_heads=4, head_dim=48,
                    ffn_dim=512, rope_theta=10000.0, max_seq_len=256, qk_norm=True),
+    # ~20M parameters (21.1M at the bench's vocab 2048, 23.2M at 4096): the larger shape of
+    # `xtrain bench train --preset 20m` (T07); too slow to train in the course's minutes on a CPU
+    "20m": Config(vocab_size=4096, dim=512, n_layers=6, n_heads=8, n_kv_heads=8, head_dim=64,
+                  ffn_dim=1376, rope_theta=10000.0, max_seq_len=512, qk_norm=True),
     # very small, for unit tests: GQA (4 query heads share 2 kv heads), runs in milliseconds
     "test": Config(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
                    ffn_dim=64, rope_theta=10000.0, max_seq_len=32, qk_norm=True),
