@@ -67,8 +67,9 @@ def linear_cross_entropy(x: Tensor, w: Tensor, targets, ignore_index: int = -100
     Each chunk of rows (`cpu_threads.matmul_chunks`, the chunks `linear` cuts the product
     into) computes its logits and at once, while they are in cache, exp(logits - max) in
     their place: ONE (N, V) buffer instead of three (logits, exp, gradient); the backward
-    turns it into d loss / d logits in place, then makes dx and dW from it as `linear` does.
-    So the backward can run once (a second call raises).
+    turns it into d loss / d logits in place, makes dx and dW from it as `linear` does, and
+    lets it go (the unfused pair keeps logits and exp until the graph dies). So the backward
+    can run once (a second call raises).
     """
     n_in, V = x.shape[-1], w.shape[0]
     if w.shape[1] != n_in:
@@ -89,23 +90,23 @@ def linear_cross_entropy(x: Tensor, w: Tensor, targets, ignore_index: int = -100
 
     cpu_threads.map_chunks(forward_chunk, cpu_threads.matmul_chunks(N, n_in, V), like=x2)
     loss = ops.mean_valid_loss(lse[:, 0] - hit[:, 0], valid, n_valid)
-    spent = []
+    held = {"buf": buf}  # the backward takes it: freed when the backward returns
+    del buf
 
     def backward(g):
-        if spent:
+        if "buf" not in held:
             raise RuntimeError("linear_cross_entropy: backward ran twice (its buffer is reused in place)")
-        spent.append(True)
+        b = held.pop("buf")
         f, scale = ops.softmax_grad_factors(g, s, valid, n_valid)
-        map_rows(lambda lo, hi: xp.multiply(buf[lo:hi], f[lo:hi], out=buf[lo:hi]), N, V * buf.itemsize,
-                 like=buf)
-        buf[rows, t_safe] -= scale
+        map_rows(lambda lo, hi: xp.multiply(b[lo:hi], f[lo:hi], out=b[lo:hi]), N, V * b.itemsize, like=b)
+        b[rows, t_safe] -= scale
         gx = gw = None
         if x.requires_grad and w.requires_grad:
-            gx, gw = cpu_threads.matmuls((buf, w.data), (buf.T, x2))
+            gx, gw = cpu_threads.matmuls((b, w.data), (b.T, x2))
         elif x.requires_grad:
-            gx = cpu_threads.matmul(buf, w.data)
+            gx = cpu_threads.matmul(b, w.data)
         elif w.requires_grad:
-            gw = cpu_threads.matmul(buf.T, x2)
+            gw = cpu_threads.matmul(b.T, x2)
         return (gx.reshape(x.shape) if gx is not None else None), gw
 
     return make_node(loss, (x, w), backward, "linear_cross_entropy")
