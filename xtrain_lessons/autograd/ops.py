@@ -581,8 +581,6 @@ def rmsnorm(x, weight=None, eps=1e-6) -> Tensor:
 
     Backward, with xhat = x * r and gh = g * w:
         dw = sum over rows of g * xhat
-    Only r is kept (x is the parent's): backward recomputes xhat = x * r, the same bits,
-    instead of holding one more activation-sized array per norm until then.
         dx = r * (gh - xhat * mean(gh * xhat))
     """
     x = as_tensor(x)
@@ -599,8 +597,8 @@ def rmsnorm(x, weight=None, eps=1e-6) -> Tensor:
     N = x2.shape[0]
     inv_d, eps_ = dt(1.0 / D), dt(eps)
     w = weight.data if weight is not None else None
-    r = xp.empty((N, 1), dtype=xd.dtype)  # kept for backward, with x: xhat = x * r is recomputed
-    out = _empty(x2.shape, x2.dtype, x2)
+    xhat, r = _empty(x2.shape, x2.dtype, x2), xp.empty((N, 1), dtype=xd.dtype)
+    out = _empty(x2.shape, x2.dtype, x2) if w is not None else xhat
 
     def forward_rows(lo, hi):  # one cache-sized block of rows (xtrain_lessons.runtime.cpu_threads)
         xb = x2[lo:hi]
@@ -609,9 +607,9 @@ def rmsnorm(x, weight=None, eps=1e-6) -> Tensor:
         ms += eps_
         rb = r[lo:hi]
         xp.divide(dt(1.0), xp.sqrt(ms, out=ms)[:, None], out=rb)
-        xp.multiply(xb, rb, out=out[lo:hi])  # xhat
+        xp.multiply(xb, rb, out=xhat[lo:hi])
         if w is not None:
-            out[lo:hi] *= w
+            xp.multiply(xhat[lo:hi], w, out=out[lo:hi])
 
     map_rows(forward_rows, N, D * xd.itemsize, like=xd)
 
@@ -621,9 +619,9 @@ def rmsnorm(x, weight=None, eps=1e-6) -> Tensor:
         gx = _empty(x2.shape, x2.dtype, x2) if x.requires_grad else None
 
         def backward_rows(lo, hi):
-            gb, xh = g2[lo:hi], x2[lo:hi] * r[lo:hi]  # xhat, the forward's bits (not kept)
+            gb, xh = g2[lo:hi], xhat[lo:hi]
             # dw's partial sums on the fixed grid (cpu_threads.grid): the same bits for any threads
-            gw_part = [xp.einsum("ij,ij->j", g2[a:b], xh[a - lo:b - lo])
+            gw_part = [xp.einsum("ij,ij->j", g2[a:b], xhat[a:b])
                        for a, b in grid(lo, hi, D * xd.itemsize)] if want_w else None
             if gx is not None:
                 gh = gb * w if w is not None else gb
