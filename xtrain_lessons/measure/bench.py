@@ -133,6 +133,8 @@ def parse_against(text: str) -> list[str] | None:
 
 def _baselines(config, init, threads, against) -> dict:
     """name -> torch step function, or {} (with a message) when torch is not installed."""
+    if not against:
+        return {}
     try:
         import torch  # noqa: F401,PLC0415
     except ImportError:
