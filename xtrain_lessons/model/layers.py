@@ -83,10 +83,10 @@ def linear_cross_entropy(x: Tensor, w: Tensor, targets, ignore_index: int = -100
     rows = xp.arange(N)
 
     def forward_chunk(lo, hi):
-        lb = buf[lo:hi]
-        xp.matmul(x2[lo:hi], w.data.T, out=lb)
-        hit[lo:hi, 0] = lb[rows[: hi - lo], t_safe[lo:hi]]  # the target's logit
-        ops.softmax_rows(lb, lb, s[lo:hi], lse[lo:hi])
+        xp.matmul(x2[lo:hi], w.data.T, out=buf[lo:hi])
+        hit[lo:hi, 0] = buf[rows[lo:hi], t_safe[lo:hi]]  # the target's logit
+        for a, b in cpu_threads.grid(lo, hi, V * buf.itemsize):  # cache-sized blocks of rows
+            ops.softmax_rows(buf[a:b], buf[a:b], s[a:b], lse[a:b])
 
     cpu_threads.map_chunks(forward_chunk, cpu_threads.matmul_chunks(N, n_in, V), like=x2)
     loss = ops.mean_valid_loss(lse[:, 0] - hit[:, 0], valid, n_valid)
