@@ -27,7 +27,7 @@ PHASES = {
              "test_data_fetch.py", "test_tokenizer.py", "test_checkpoint.py", "test_generate.py",
              "test_corpus.py", "test_faults.py"]),
     "T07": ("performance", ["runtime/cpu_threads.py", "runtime/kernels/adamw.py", "training/fused_adamw.py",
-                            "measure/bench.py", "measure/profiler.py", "cli/bench.py"],
+                            "measure/bench.py", "measure/torch_twin.py", "measure/profiler.py", "cli/bench.py"],
             ["test_cpu_threads.py", "test_profiler.py", "test_kernels_adamw.py"]),
     "T08": ("data_parallel", ["parallel/collectives.py", "parallel/ring.py", "parallel/ddp.py",
                               "measure/ddp_experiments.py"], ["test_distributed.py"]),

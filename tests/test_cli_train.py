@@ -143,6 +143,50 @@ def test_bench_without_torch_is_graceful(capsys, monkeypatch):
     assert out.strip().splitlines()[-1].startswith("throughput vs torch: n/a")
 
 
+def test_bench_against_eager_and_sdpa(capsys):
+    """Every baseline named in --against gets a line (tok/s, MFU, step memory), the same first
+    loss as the engine (same weights), and a ratio in the last line, in --against's order."""
+    pytest.importorskip("torch")
+    assert main.main(["bench", "train", "--preset", "test", "--vocab-size", "64", "--batch-size", "2",
+                      "--seq-len", "8", "--steps", "1", "--rounds", "1", "--peak-n", "128", "--threads", "1",
+                      "--against", "sdpa, eager"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    engine = next(ln for ln in lines if ln.startswith("engine:"))
+    e_loss = float(engine.split("first loss ")[1].split(",")[0])
+    for name in ("sdpa", "eager"):
+        line = next(ln for ln in lines if ln.startswith(f"torch {name} "))
+        assert "tok/s" in line and "MFU" in line and "step peak RSS" in line
+        assert abs(float(line.split("first loss ")[1].split()[0]) - e_loss) < 1e-3
+    assert lines[-1].startswith("throughput vs torch: sdpa ") and ", eager " in lines[-1]
+
+
+def test_bench_against_parsing(capsys):
+    from xtrain_lessons.measure.bench import parse_against
+
+    assert parse_against("eager,sdpa,compile") == ["eager", "sdpa", "compile"]
+    assert parse_against(" compile , eager,compile") == ["compile", "eager"]
+    for bad in ("eager,jit", "", ","):
+        assert parse_against(bad) is None
+        assert "--against" in capsys.readouterr().out
+    assert main.main(["bench", "train", "--preset", "test", "--against", "eager,jit"]) == 2
+    assert "unknown baseline jit" in capsys.readouterr().out
+
+
+def test_peak_rss_delta_sees_a_step_allocation():
+    from xtrain_lessons.measure.bench import peak_rss_delta
+
+    def touch(n):
+        a = np.ones(n // 8)  # float64: n bytes, every page written
+        return float(a[-1])
+
+    big = peak_rss_delta(lambda: touch(64 * 2 ** 20))
+    if big is None:
+        pytest.skip("no /proc/self/clear_refs here")
+    small = peak_rss_delta(lambda: touch(2 ** 20))
+    assert 56 * 2 ** 20 < big < 80 * 2 ** 20
+    assert small < 16 * 2 ** 20
+
+
 def test_default_schedule_gets_the_time_limit(monkeypatch):
     """`xtrain train` alone is promised to fit in 10 minutes; a run with --steps is not cut."""
     import types

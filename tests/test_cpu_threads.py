@@ -79,14 +79,14 @@ def _matmul_bound(a, b):
 
 
 def test_matmul_chunks_depend_on_the_shape_only():
-    chunks = cpu_threads.matmul_chunks(300, 400, 700)
-    assert chunks[0] == (0, cpu_threads.MATMUL_ROWS) and chunks[-1][1] == 300
+    chunks = cpu_threads.matmul_chunks(3000, 400, 700)
+    assert chunks[0] == (0, cpu_threads.MATMUL_ROWS) and chunks[-1][1] == 3000 and len(chunks) > 2
     assert [lo for lo, _ in chunks[1:]] == [hi for _, hi in chunks[:-1]]  # contiguous, no gaps
     assert cpu_threads.matmul_chunks(3, 64, 64) == [(0, 3)]  # too small to split: one call
     assert cpu_threads.matmul_chunks(0, 64, 64) == []
 
 
-@pytest.mark.parametrize("shape", [(300, 40, 70), (2048, 192, 512), (1, 64, 64), (601, 128, 96)])
+@pytest.mark.parametrize("shape", [(300, 40, 70), (2048, 192, 512), (1, 64, 64), (601, 128, 96), (2500, 128, 300)])
 def test_matmul_gives_the_same_bits_for_any_thread_count(threads, shape):
     """cpu_threads.matmul: the same bits with 1, 2 and 3 threads, also for a transposed view on
     the left (`g.T @ x`) and whatever OpenBLAS's own thread setting was; equal to a @ b within
@@ -333,3 +333,28 @@ def test_matmuls_in_one_hand_over_equal_separate_products(threads, n):
     small = cpu_threads.matmuls((g[:3], w))[0]  # too small to split: a plain call
     assert np.array_equal(gx, want_gx) and np.array_equal(gw, want_gw)
     assert np.array_equal(small, want_small)
+
+
+@pytest.mark.parametrize("N", [40, 2100])  # one matmul chunk / MATMUL_ROWS-row chunks (N x 64 x 700)
+def test_linear_cross_entropy_same_bits_as_linear_then_cross_entropy(threads, N):
+    """The fused lm_head + loss (row chunks, one buffer reused in place) gives the loss and
+    both gradients bit for bit as linear then cross_entropy, for 1, 2 and 3 threads;
+    ignored targets count as in cross_entropy; the backward refuses to run twice."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((N // 4, 4, 64)).astype(np.float32)
+    w = (0.3 * rng.standard_normal((700, 64))).astype(np.float32)
+    t = rng.integers(0, 700, (N // 4, 4))
+    t[0, :2] = -100
+    threads(1)
+    xa, wa = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+    ref = ops.cross_entropy(layers.linear(xa, wa), t)
+    ref.backward()
+    for n in (1, 2, 3):
+        threads(n)
+        xb, wb = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+        got = layers.linear_cross_entropy(xb, wb, t)
+        got.backward()
+        assert got.data == ref.data and got.data.dtype == ref.data.dtype
+        assert np.array_equal(xb.grad, xa.grad) and np.array_equal(wb.grad, wa.grad)
+    with pytest.raises(RuntimeError, match="twice"):
+        got.backward()

@@ -31,7 +31,8 @@ def test_counts_every_node_of_a_model_step():
     assert got == expected
     assert {op: s.backward_calls for op, s in prof.stats.items()} == expected
     L = cfg.n_layers
-    assert got["linear"] == 7 * L + 1 and got["causal_attention"] == L
+    # 7 projections per layer; the lm_head is fused with the loss (layers.linear_cross_entropy)
+    assert got["linear"] == 7 * L and got["linear_cross_entropy"] == 1 and got["causal_attention"] == L
     assert all(s.forward >= 0 and s.backward >= 0 for s in prof.stats.values())
     rows = prof.table()
     assert [r["total_ms"] for r in rows] == sorted((r["total_ms"] for r in rows), reverse=True)

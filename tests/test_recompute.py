@@ -231,6 +231,8 @@ def test_recompute_costs_exactly_one_extra_block_forward(monkeypatch):
     calls = []
     real_linear = model_mod.linear
     monkeypatch.setattr(model_mod, "linear", lambda x, w: calls.append(1) or real_linear(x, w))
+    real_head = model_mod.linear_cross_entropy  # the lm_head, fused with the loss (T07)
+    monkeypatch.setattr(model_mod, "linear_cross_entropy", lambda *a, **k: calls.append(1) or real_head(*a, **k))
 
     def projections(recompute):
         calls.clear()

@@ -685,6 +685,56 @@ def embedding(weight, ids) -> Tensor:
     return make_node(out, (weight,), backward, "embedding")
 
 
+def cross_entropy_targets(targets, lead_shape, V: int, ignore_index: int, xp):
+    """Checked targets of a cross-entropy over V classes: (t_safe (N,) with ignored positions
+    as 0, valid (N,) bool, n_valid). The range check reads the host array when the targets
+    come from the host (no device sync)."""
+    targets_in = targets.data if isinstance(targets, Tensor) else targets
+    targets = xp.asarray(targets_in)
+    if tuple(lead_shape) != targets.shape:
+        raise ValueError(f"cross_entropy: logits shape {(*lead_shape, V)} and targets shape "
+                         f"{targets.shape} do not match (expected targets {tuple(lead_shape)})")
+    if targets.dtype.kind not in "iu":
+        raise TypeError(f"cross_entropy: targets must be integers, got {targets.dtype}")
+    t = targets.reshape(-1)  # (N,)
+    valid = t != ignore_index
+    t_safe = xp.where(valid, t, 0)
+    src = np.where(targets_in != ignore_index, targets_in, 0) if isinstance(targets_in, np.ndarray) else t_safe
+    if t.size and (int(src.min()) < 0 or int(src.max()) >= V):
+        raise ValueError(f"cross_entropy: targets must lie in [0, {V}) or equal "
+                         f"ignore_index={ignore_index}")
+    return t_safe, valid, valid.sum()
+
+
+def softmax_rows(xb, eb, sb, lseb):
+    """Rows of a cross-entropy forward: eb = exp(xb - max) (eb may be xb itself: in place),
+    sb its row sums, lseb = log-sum-exp of xb."""
+    xp = array_module(xb)
+    m = xb.max(axis=1, keepdims=True)  # (rows, 1), not differentiated
+    xp.subtract(xb, m, out=eb)
+    xp.exp(eb, out=eb)
+    eb.sum(axis=1, keepdims=True, out=sb)
+    xp.log(sb, out=lseb)
+    lseb += m
+
+
+def mean_valid_loss(losses, valid, n_valid):
+    """The mean of the per-row losses over the valid rows (nan if none), a 0-d array."""
+    xp = array_module(losses)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        loss = (losses * valid).sum() / n_valid.astype(losses.dtype)
+    return xp.asarray(loss, dtype=losses.dtype)
+
+
+def softmax_grad_factors(g, s, valid, n_valid):
+    """(f (N, 1), scale (N,)) of d loss / d logits = e * f - onehot(target) * scale, for the
+    upstream gradient g of the mean loss (softmax = e / s)."""
+    dt = s.dtype
+    with np.errstate(invalid="ignore", divide="ignore"):
+        scale = valid.astype(dt) * (g / n_valid.astype(dt)).astype(dt)  # (N,)
+    return (scale / s[:, 0])[:, None], scale
+
+
 def cross_entropy(logits, targets, ignore_index=-100) -> Tensor:
     """Mean over non-ignored positions of -log softmax(logits)[target], one node.
 
@@ -693,53 +743,21 @@ def cross_entropy(logits, targets, ignore_index=-100) -> Tensor:
     If every target is ignored the loss is nan (0/0), as in torch.
     """
     logits = as_tensor(logits)
-    targets_in = targets.data if isinstance(targets, Tensor) else targets
     xp = array_module(logits.data)
-    targets = xp.asarray(targets_in)
-    if logits.shape[:-1] != targets.shape:
-        raise ValueError(f"cross_entropy: logits shape {logits.shape} and targets shape "
-                         f"{targets.shape} do not match (expected targets {logits.shape[:-1]})")
-    if targets.dtype.kind not in "iu":
-        raise TypeError(f"cross_entropy: targets must be integers, got {targets.dtype}")
     V = logits.shape[-1]
     x = logits.data.reshape(-1, V)  # (N, V)
-    t = targets.reshape(-1)  # (N,)
-    valid = t != ignore_index
-    t_safe = xp.where(valid, t, 0)
-    # the range check reads the host array when the targets come from the host (free)
-    src = np.where(targets_in != ignore_index, targets_in, 0) if isinstance(targets_in, np.ndarray) else t_safe
-    if t.size and (int(src.min()) < 0 or int(src.max()) >= V):
-        raise ValueError(f"cross_entropy: targets must lie in [0, {V}) or equal "
-                         f"ignore_index={ignore_index}")
+    t_safe, valid, n_valid = cross_entropy_targets(targets, logits.shape[:-1], V, ignore_index, xp)
     rows = xp.arange(x.shape[0])
-    n_valid = valid.sum()
 
     N = x.shape[0]
     e = _empty(x.shape, x.dtype, x)  # exp(x - max), kept for backward (unnormalized)
     s = xp.empty((N, 1), dtype=x.dtype)  # its row sums
     lse = xp.empty((N, 1), dtype=x.dtype)
-
-    def forward_rows(lo, hi):  # row-local: cpu_threads.map_rows spreads the rows over the threads
-        xb = x[lo:hi]
-        m = xb.max(axis=1, keepdims=True)  # (rows, 1), not differentiated
-        eb = e[lo:hi]
-        xp.subtract(xb, m, out=eb)
-        xp.exp(eb, out=eb)
-        eb.sum(axis=1, keepdims=True, out=s[lo:hi])
-        xp.log(s[lo:hi], out=lse[lo:hi])
-        lse[lo:hi] += m
-
-    map_rows(forward_rows, N, V * x.itemsize, like=x)
-    losses = lse[:, 0] - x[rows, t_safe]  # (N,)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        loss = (losses * valid).sum() / n_valid.astype(x.dtype)
-    loss = xp.asarray(loss, dtype=x.dtype)
+    map_rows(lambda lo, hi: softmax_rows(x[lo:hi], e[lo:hi], s[lo:hi], lse[lo:hi]), N, V * x.itemsize, like=x)
+    loss = mean_valid_loss(lse[:, 0] - x[rows, t_safe], valid, n_valid)
 
     def backward(g):
-        with np.errstate(invalid="ignore", divide="ignore"):
-            scale = valid.astype(x.dtype) * (g / n_valid.astype(x.dtype)).astype(x.dtype)  # (N,)
-        # softmax * scale = e * (scale / s), in one pass over (N, V)
-        f = (scale / s[:, 0])[:, None]
+        f, scale = softmax_grad_factors(g, s, valid, n_valid)
         gx = _empty(e.shape, e.dtype, e)
         map_rows(lambda lo, hi: xp.multiply(e[lo:hi], f[lo:hi], out=gx[lo:hi]), N, V * x.itemsize,
                  like=x)

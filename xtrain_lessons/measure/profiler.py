@@ -62,7 +62,7 @@ def op_functions() -> dict:
     fns = {}
     for name in ops.__all__:
         fns.setdefault(getattr(ops, name), name)
-    for name in ("linear", "rope", "causal_attention", "swiglu"):
+    for name in ("linear", "linear_cross_entropy", "rope", "causal_attention", "swiglu"):
         fns[getattr(layers, name)] = name
     for mod, name in ((flash_attention, "flash_attention"), (recompute, "checkpoint"),
                       (dropout, "dropout"), (gqa, "repeat_kv")):

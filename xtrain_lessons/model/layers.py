@@ -6,6 +6,7 @@ every small op is a Python-level node and a temporary array; on 2 CPU cores the 
 versions below are what makes a few-million-parameter model train in minutes.
 
     linear(x, w)                 x @ w.T, w in the (out, in) layout of torch / Hugging Face
+    linear_cross_entropy(x, w, t) cross_entropy(linear(x, w), t), fused on row chunks
     rope(x, cos, sin)            rotary position embedding, rotate-half convention
     causal_attention(q, k, v)    softmax(q k^T / sqrt(D) + causal mask) v, grouped-query
     swiglu(gate, up)             silu(gate) * up
@@ -22,13 +23,14 @@ import math
 
 import numpy as np
 
+from xtrain_lessons.autograd import ops
 from xtrain_lessons.autograd.tensor import Tensor, make_node
 from xtrain_lessons.runtime import cpu_threads
 from xtrain_lessons.runtime.allocator import empty  # np.empty, or the engine allocator's (T11)
 from xtrain_lessons.runtime.cpu_threads import map_rows
 from xtrain_lessons.runtime.device import array_module
 
-__all__ = ["linear", "rope", "causal_attention", "swiglu", "rope_tables", "rotate_half",
+__all__ = ["linear", "linear_cross_entropy", "rope", "causal_attention", "swiglu", "rope_tables", "rotate_half",
            "attention_fwd"]
 
 
@@ -56,6 +58,58 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
         return gx, gw
 
     return make_node(y, (x, w), backward, "linear")
+
+
+def linear_cross_entropy(x: Tensor, w: Tensor, targets, ignore_index: int = -100) -> Tensor:
+    """cross_entropy(linear(x, w), targets) as one node: the lm_head and the loss fused on
+    the matmul's row chunks, the same bits as the two ops.
+
+    Each chunk of rows (`cpu_threads.matmul_chunks`, the chunks `linear` cuts the product
+    into) computes its logits and at once, while they are in cache, exp(logits - max) in
+    their place: ONE (N, V) buffer instead of three (logits, exp, gradient); the backward
+    turns it into d loss / d logits in place, makes dx and dW from it as `linear` does, and
+    lets it go (the unfused pair keeps logits and exp until the graph dies). So the backward
+    can run once (a second call raises).
+    """
+    n_in, V = x.shape[-1], w.shape[0]
+    if w.shape[1] != n_in:
+        raise ValueError(f"linear_cross_entropy: input has {n_in} features but weight is {w.shape} (out, in)")
+    xp = array_module(x.data)
+    x2 = x.data.reshape(-1, n_in)  # (N, in)
+    N = x2.shape[0]
+    t_safe, valid, n_valid = ops.cross_entropy_targets(targets, x.shape[:-1], V, ignore_index, xp)
+    buf = empty((N, V), xp.result_type(x2, w.data), x2)  # logits, then exp, then the gradient
+    s, lse, hit = (xp.empty((N, 1), dtype=buf.dtype) for _ in range(3))
+    rows = xp.arange(N)
+
+    def forward_chunk(lo, hi):
+        xp.matmul(x2[lo:hi], w.data.T, out=buf[lo:hi])
+        hit[lo:hi, 0] = buf[rows[lo:hi], t_safe[lo:hi]]  # the target's logit
+        for a, b in cpu_threads.grid(lo, hi, V * buf.itemsize):  # cache-sized blocks of rows
+            ops.softmax_rows(buf[a:b], buf[a:b], s[a:b], lse[a:b])
+
+    cpu_threads.map_chunks(forward_chunk, cpu_threads.matmul_chunks(N, n_in, V), like=x2)
+    loss = ops.mean_valid_loss(lse[:, 0] - hit[:, 0], valid, n_valid)
+    held = {"buf": buf}  # the backward takes it: freed when the backward returns
+    del buf
+
+    def backward(g):
+        if "buf" not in held:
+            raise RuntimeError("linear_cross_entropy: backward ran twice (its buffer is reused in place)")
+        b = held.pop("buf")
+        f, scale = ops.softmax_grad_factors(g, s, valid, n_valid)
+        map_rows(lambda lo, hi: xp.multiply(b[lo:hi], f[lo:hi], out=b[lo:hi]), N, V * b.itemsize, like=b)
+        b[rows, t_safe] -= scale
+        gx = gw = None
+        if x.requires_grad and w.requires_grad:
+            gx, gw = cpu_threads.matmuls((b, w.data), (b.T, x2))
+        elif x.requires_grad:
+            gx = cpu_threads.matmul(b, w.data)
+        elif w.requires_grad:
+            gw = cpu_threads.matmul(b.T, x2)
+        return (gx.reshape(x.shape) if gx is not None else None), gw
+
+    return make_node(loss, (x, w), backward, "linear_cross_entropy")
 
 
 # ----------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from xtrain_lessons.autograd import ops
 from xtrain_lessons.autograd.tensor import Tensor, no_grad
 from xtrain_lessons.model.dropout import dropout
 from xtrain_lessons.model.flash_attention import flash_attention
-from xtrain_lessons.model.layers import causal_attention, linear, rope, rope_tables, swiglu
+from xtrain_lessons.model.layers import causal_attention, linear, linear_cross_entropy, rope, rope_tables, swiglu
 from xtrain_lessons.model.precision import forward_lowp, loss_lowp
 from xtrain_lessons.model.recompute import checkpoint
 from xtrain_lessons.runtime.device import array_module, move_to
@@ -144,6 +144,10 @@ PRESETS: dict[str, Config] = {
     # (0.8 s of CPU time on one core; torch float32 on the same model: 0.67 s)
     "tiny": Config(vocab_size=4096, dim=192, n_layers=4, n_heads=4, n_kv_heads=4, head_dim=48,
                    ffn_dim=512, rope_theta=10000.0, max_seq_len=256, qk_norm=True),
+    # ~20M parameters (21.1M at the bench's vocab 2048, 23.2M at 4096): the larger shape of
+    # `xtrain bench train --preset 20m` (T07); too slow to train in the course's minutes on a CPU
+    "20m": Config(vocab_size=4096, dim=512, n_layers=6, n_heads=8, n_kv_heads=8, head_dim=64,
+                  ffn_dim=1376, rope_theta=10000.0, max_seq_len=512, qk_norm=True),
     # very small, for unit tests: GQA (4 query heads share 2 kv heads), runs in milliseconds
     "test": Config(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
                    ffn_dim=64, rope_theta=10000.0, max_seq_len=32, qk_norm=True),
@@ -291,7 +295,9 @@ class Model:
         whose target is `ignore_index` do not count."""
         if self.compute_dtype in ("bf16", "fp16"):  # T12: float32 loss from bf16/fp16 logits
             return loss_lowp(self, ids, targets, ignore_index, self.compute_dtype)
-        return ops.cross_entropy(self(ids), targets, ignore_index=ignore_index)
+        # the lm_head and the loss as one node: the (B, T, V) logits are never kept (T07)
+        return linear_cross_entropy(self._forward(ids, head=False), self.params["lm_head.weight"],
+                                    targets, ignore_index)
 
     def new_cache(self, batch: int = 1) -> KVCache:
         """An empty KVCache for this model (its dtype and array module), max_seq_len long."""
@@ -319,9 +325,11 @@ class Model:
                                swiglu=swiglu, dropout=dropout)
 
     def _forward(self, ids, cache: KVCache | None = None, start_pos: int = 0, *,
-                 layers: SimpleNamespace | None = None, params: dict | None = None) -> Tensor:
+                 layers: SimpleNamespace | None = None, params: dict | None = None,
+                 head: bool = True) -> Tensor:
         """The forward pass. `layers`/`params` replace the layer functions and the weights
-        (T12 passes bf16 layers and bf16 weight copies); by default float32 and self.params."""
+        (T12 passes bf16 layers and bf16 weight copies); by default float32 and self.params.
+        head=False: the final normed hidden state (B, T, dim), without the lm_head."""
         c = self.config
         P = self.params if params is None else params
         L = self._layers() if layers is None else layers
@@ -387,4 +395,4 @@ class Model:
         for i in range(c.n_layers):
             x = checkpoint(block, x, i) if recompute else block(x, i)
         x = L.rmsnorm(x, P["model.norm.weight"], c.norm_eps)
-        return L.linear(x, P["lm_head.weight"])  # (B, T, V)
+        return L.linear(x, P["lm_head.weight"]) if head else x  # (B, T, V) or (B, T, dim)

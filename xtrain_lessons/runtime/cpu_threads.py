@@ -60,13 +60,17 @@ import numpy as np
 
 from xtrain_lessons.runtime.allocator import empty
 
-__all__ = ["BLOCK_BYTES", "map_rows", "map_items", "matmul", "matmuls", "matmul_chunks", "sum_blocks",
+__all__ = ["BLOCK_BYTES", "map_rows", "map_items", "matmul", "matmuls", "matmul_chunks", "map_chunks", "sum_blocks",
            "set_threads", "get_threads", "blocks", "grid", "runs", "split_items", "blas_threads",
            "set_blas_threads", "blas_threads_set"]
 
 BLOCK_BYTES = 128 * 1024  # per array and block: a few arrays of this fit in a 1-2 MiB L2
 MATMUL_SPLIT_FLOPS = 1 << 23  # below this a product is one call: splitting would cost more
-MATMUL_ROWS = 256  # the rows of one chunk of a split product (T07 measures what cutting costs)
+# the rows of one chunk of a split product (T07 measures what cutting costs): every chunk
+# call repacks the right-hand matrix, so 256-row chunks cost 5-15% of a single call on one
+# thread here (more with K x N large: 31% at 512 x 1376); 1024 rows: a step of the 20M
+# preset 9% faster on 1 and 2 threads, the tiny one 1.5-5%, the same bits for it on this CPU
+MATMUL_ROWS = 1024
 
 _threads = max(1, min(os.cpu_count() or 1, 8))
 _pool: ThreadPoolExecutor | None = None
@@ -276,6 +280,21 @@ def matmuls(*pairs, outs=None):
         else:
             _run_tasks([lambda a=a, b=b, out=out: np.matmul(a, b, out=out) for _, a, b, out in tasks])
     return outs
+
+
+def map_chunks(fn, chunks, *, like=None) -> None:
+    """fn(lo, hi) for each (lo, hi) of `chunks` (e.g. `matmul_chunks`), taken by the threads
+    one by one as in `matmuls`, OpenBLAS single-threaded meanwhile: for work fused onto a
+    matmul's row chunks (the lm_head and its cross-entropy). `fn` touches its rows only."""
+    if like is not None and not isinstance(like, np.ndarray):
+        fn(chunks[0][0], chunks[-1][1])
+        return
+    with _blas_single():
+        if _threads == 1 or len(chunks) == 1 or getattr(_local, "worker", False):
+            for lo, hi in chunks:
+                fn(lo, hi)
+        else:
+            _run_tasks([lambda lo=lo, hi=hi: fn(lo, hi) for lo, hi in chunks])
 
 
 def _run_tasks(tasks) -> None:
