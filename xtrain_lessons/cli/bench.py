@@ -1,5 +1,10 @@
-"""`xtrain bench train`: the engine's training throughput against PyTorch eager, SDPA and
-torch.compile, MFU and step memory (see xtrain_lessons/measure/bench.py)."""
+"""Benchmarks: `train` (the engine's training throughput against PyTorch eager, SDPA and
+torch.compile, MFU and step memory: measure/bench.py), `grpo` (batched vs looped rollout scoring:
+measure/grpo_bench.py), `tokenizer` (the course's BPE against `tokenizers`: measure/bench_tokenizer.py).
+
+    xtrain bench train --against eager,sdpa,compile
+    xtrain bench tokenizer --scale 100
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,15 @@ import argparse
 
 from xtrain_lessons.measure import grpo_bench
 from xtrain_lessons.measure.bench import run_train_bench
+from xtrain_lessons.measure.bench_tokenizer import bench_tokenizer, format_results
+from xtrain_lessons.training.data import default_corpus_path
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", choices=["train", "grpo"],
-                        help="what to benchmark: train (engine vs torch) or grpo (batched vs looped "
-                             "rollout scoring; --batch-size = rollouts, --seq-len = longest completion)")
+    parser.add_argument("target", choices=["train", "grpo", "tokenizer"],
+                        help="what to benchmark: train (engine vs torch), grpo (batched vs looped rollout "
+                             "scoring; --batch-size = rollouts, --seq-len = longest completion) or tokenizer "
+                             "(the course's BPE vs tokenizers: training, encode MB/s, streaming memory)")
     parser.add_argument("--preset", default="tiny", help="model preset (default: tiny, the model `xtrain train` trains)")
     parser.add_argument("--vocab-size", type=int, default=2048,
                         help="vocabulary (the default run's tokenizer size)")
@@ -32,7 +40,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-torch", action="store_true", help="engine only")
     parser.add_argument("--peak-n", type=int, default=1536,
                         help="matrix size of the sgemm peak measurement")
+    parser.add_argument("--corpus", default=None,
+                        help="tokenizer: the text to train on and encode (default: the shipped stories)")
+    parser.add_argument("--scale", type=int, default=100,
+                        help="tokenizer: the streaming test's file is the corpus repeated this often")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.target == "tokenizer":
+        corpus = args.corpus or str(default_corpus_path())
+        print(format_results(bench_tokenizer(corpus, args.vocab_size, args.rounds, args.scale)))
+        return 0
     return grpo_bench.run(args) if args.target == "grpo" else run_train_bench(args)
