@@ -31,8 +31,6 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("MPLBACKEND", "Agg")
-
 REPO = Path(__file__).resolve().parents[1]
 MUTANTS_DIR = REPO / "tests" / "mutants"
 _BEGIN = re.compile(r"^(?P<indent>[ \t]*)(?:#|//) BEGIN SOLUTION (?P<id>T\d\d\w*\.\d+)\s+(?P<name>.+?)\s*$")
@@ -197,6 +195,7 @@ def main(stems: list[str]) -> int:
     if len(stems) != 1:
         runs = [subprocess.run([sys.executable, __file__, s], cwd=REPO) for s in stems or mutant_stems()]
         return int(any(r.returncode for r in runs))
+    os.environ.setdefault("MPLBACKEND", "Agg")  # this process only: nbval's kernels keep inline plots
     problems = mutate_notebook(stems[0])
     mutants = load_mutants(stems[0])
     print(f"{stems[0]}: {len(mutants)} exercises, {sum(map(len, mutants.values()))} mutants, "

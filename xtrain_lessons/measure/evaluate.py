@@ -30,7 +30,7 @@ import os
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from xtrain_lessons.autograd.tensor import no_grad
 from xtrain_lessons.runtime.device import to_host

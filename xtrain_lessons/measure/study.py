@@ -49,7 +49,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from xtrain_lessons.measure.bench import train_flops_per_token
 from xtrain_lessons.measure.evaluate import evaluate_model

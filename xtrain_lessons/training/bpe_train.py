@@ -21,7 +21,7 @@ import heapq
 import os
 from collections import Counter, defaultdict
 
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from xtrain_lessons.training.bpe_pretokenize import count_file, count_pretokens
 
