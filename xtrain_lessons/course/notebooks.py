@@ -1,19 +1,8 @@
-"""Build the learner notebooks from the solutions, check they are fresh, and execute them.
-
-    xtrain notebooks build            # solutions/*.ipynb -> notebooks/*.ipynb (stubs in place)
-    xtrain notebooks check            # exit 1 when a committed learner notebook is stale
-    xtrain notebooks run [NAMES...]   # execute notebooks in place, saving their outputs
-
-`solutions/TNN_<topic>.ipynb` is the one source of truth. A solution region
-
-        # BEGIN SOLUTION T05.2 rmsnorm            (or // BEGIN SOLUTION ... inside CUDA C)
-        ...the answer...
-        # END SOLUTION
-
-becomes a one-line stub in the learner notebook:
-
-        raise NotImplementedError("T05.2 rmsnorm")  # your code here (about 2 lines)
-        /* EXERCISE T01.1 vector_add: your code here (about 3 lines) */
+"""The notebook pipeline (the command line is `xtrain notebooks`, cli/notebooks.py):
+`learner_version` turns a solution notebook into its learner version (each marked solution
+region becomes a one-line stub; the stub of a CUDA C region still compiles), `build` writes the
+stale ones, `stale_notebooks` lists them, `execute` runs a notebook in place and saves its
+outputs. `solutions/TNN_<topic>.ipynb` is the one source of truth.
 """
 
 from __future__ import annotations
