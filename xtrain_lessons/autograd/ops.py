@@ -55,6 +55,7 @@ from xtrain_lessons.runtime.cpu_threads import get_threads, grid, map_rows
 from xtrain_lessons.runtime.cpu_threads import matmul as _rows_matmul
 from xtrain_lessons.runtime.cpu_threads import sum_blocks
 from xtrain_lessons.runtime.device import array_module, on_gpu, scatter_add
+from xtrain_lessons.runtime.host import fused_rows
 
 __all__ = [
     "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sqrt", "sigmoid", "silu",
@@ -599,8 +600,11 @@ def rmsnorm(x, weight=None, eps=1e-6) -> Tensor:
     w = weight.data if weight is not None else None
     xhat, r = _empty(x2.shape, x2.dtype, x2), xp.empty((N, 1), dtype=xd.dtype)
     out = _empty(x2.shape, x2.dtype, x2) if w is not None else xhat
+    fused = fused_rows.usable(x2, w)
 
     def forward_rows(lo, hi):  # one cache-sized block of rows (xtrain_lessons.runtime.cpu_threads)
+        if fused:  # the same chain in one C++ pass per row (runtime/host)
+            return fused_rows.rmsnorm_fwd(x2, w, xhat, out, r, lo, hi, eps_)
         xb = x2[lo:hi]
         ms = xp.einsum("ij,ij->i", xb, xb)  # sum of squares, no (rows, D) temporary
         ms *= inv_d
@@ -611,12 +615,15 @@ def rmsnorm(x, weight=None, eps=1e-6) -> Tensor:
         if w is not None:
             xp.multiply(xhat[lo:hi], w, out=out[lo:hi])
 
-    map_rows(forward_rows, N, D * xd.itemsize, like=xd)
+    map_rows(forward_rows, N, D * xd.itemsize, like=xd, whole_runs=fused)
 
     def backward(g):
         g2 = g.reshape(-1, D)
         want_w = weight is not None and weight.requires_grad
         gx = _empty(x2.shape, x2.dtype, x2) if x.requires_grad else None
+
+        if fused and fused_rows.usable(g2):
+            return _rmsnorm_backward_fused(g2, xhat, w, r, x, want_w, weight is not None)
 
         def backward_rows(lo, hi):
             gb, xh = g2[lo:hi], xhat[lo:hi]
@@ -640,6 +647,20 @@ def rmsnorm(x, weight=None, eps=1e-6) -> Tensor:
 
     parents = (x, weight) if weight is not None else (x,)
     return make_node(out.reshape(x.shape), parents, backward, "rmsnorm")
+
+
+def _rmsnorm_backward_fused(g2, xhat, w, r, x, want_w, has_weight):
+    """rmsnorm's backward in runtime/host's C++: dw's partial sums per fixed grid block of
+    rows (as the NumPy path: the same bits for any thread count), added up in row order."""
+    N, D = xhat.shape
+    block_rows = len(range(*grid(0, N, D * xhat.itemsize)[0]))
+    parts = np.zeros((-(-N // block_rows), D), np.float32) if want_w else None
+    gx = _empty(xhat.shape, xhat.dtype, xhat) if x.requires_grad else None
+    map_rows(lambda lo, hi: fused_rows.rmsnorm_bwd(g2, xhat, w, r, gx, parts, lo, hi, block_rows),
+             N, D * xhat.itemsize, whole_runs=True)
+    gw = sum_blocks(list(parts)) if want_w else None
+    gx = gx.reshape(x.shape) if gx is not None else None
+    return (gx, gw) if has_weight else (gx,)
 
 
 def embedding(weight, ids) -> Tensor:
@@ -709,6 +730,10 @@ def cross_entropy_targets(targets, lead_shape, V: int, ignore_index: int, xp):
 def softmax_rows(xb, eb, sb, lseb):
     """Rows of a cross-entropy forward: eb = exp(xb - max) (eb may be xb itself: in place),
     sb its row sums, lseb = log-sum-exp of xb."""
+    if fused_rows.usable(xb, eb, sb, lseb):  # max, exp, sum, log: one C++ pass per row
+        if eb is not xb:
+            eb[...] = xb
+        return fused_rows.softmax_exp_rows(eb, sb, lseb, 0, len(eb))
     xp = array_module(xb)
     m = xb.max(axis=1, keepdims=True)  # (rows, 1), not differentiated
     xp.subtract(xb, m, out=eb)
@@ -753,7 +778,8 @@ def cross_entropy(logits, targets, ignore_index=-100) -> Tensor:
     e = _empty(x.shape, x.dtype, x)  # exp(x - max), kept for backward (unnormalized)
     s = xp.empty((N, 1), dtype=x.dtype)  # its row sums
     lse = xp.empty((N, 1), dtype=x.dtype)
-    map_rows(lambda lo, hi: softmax_rows(x[lo:hi], e[lo:hi], s[lo:hi], lse[lo:hi]), N, V * x.itemsize, like=x)
+    map_rows(lambda lo, hi: softmax_rows(x[lo:hi], e[lo:hi], s[lo:hi], lse[lo:hi]), N, V * x.itemsize, like=x,
+             whole_runs=fused_rows.usable(x, e))
     loss = mean_valid_loss(lse[:, 0] - x[rows, t_safe], valid, n_valid)
 
     def backward(g):

@@ -366,6 +366,12 @@ def _build(cpp: str, flags: tuple[str, ...], prefix: str, filename: str, link: t
     return lib
 
 
+def build_host_library(cpp: str, flags: tuple[str, ...], prefix: str, filename: str) -> Path:
+    """Compile plain C++ (no CUDA, no emulator runtime) with `flags` into a cached shared
+    library; return its path. runtime/host's fused CPU kernels are built this way."""
+    return _build(cpp, flags, prefix, filename)
+
+
 def _tls_flags(cxx: str) -> tuple[str, ...]:
     """g++ on x86-64 Linux: TLS descriptors, which make threadIdx (thread-local in the runtime
     library, read by every kernel library) several times cheaper to reach than __tls_get_addr."""

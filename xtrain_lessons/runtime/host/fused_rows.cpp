@@ -1,0 +1,216 @@
+// Fused row kernels for the CPU (phase T07): what torch.compile generates for the elementwise
+// chains of a transformer step, written by hand. One pass over each row, in registers and L1,
+// where NumPy makes one pass over the whole array per operation.
+//
+// Compiled by runtime/host/fused_rows.py with g++ -O3 -march=native -ffp-contract=off: the
+// loops vectorise (AVX2 / AVX-512), and no multiply-add is fused, so every result is a fixed
+// sequence of IEEE float operations. Sums over a row use 16 partial sums added in a fixed
+// order, so they vectorise without reassociation and give the same bits on any row range:
+// the same bits for any thread count (each thread gets a run of whole rows).
+//
+// Every function takes base pointers and a row range [lo, hi): Python passes addresses,
+// not slices. NumPy references of each function: fused_rows.py.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#define EXPORT extern "C" __attribute__((visibility("default")))
+typedef long long i64;
+
+static const int LANES = 16;
+
+// sum of a[i] * b[i], in 16 lanes then the lanes in order
+static inline float dot(const float* __restrict__ a, const float* __restrict__ b, int n) {
+    float acc[LANES] = {0};
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] += a[i + j] * b[i + j];
+    for (int j = 0; i + j < n; j++) acc[j] += a[i + j] * b[i + j];
+    float s = 0.0f;
+    for (int j = 0; j < LANES; j++) s += acc[j];
+    return s;
+}
+
+// sum of a[i], in 16 lanes then the lanes in order
+static inline float row_sum(const float* __restrict__ a, int n) {
+    float acc[LANES] = {0};
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] += a[i + j];
+    for (int j = 0; i + j < n; j++) acc[j] += a[i + j];
+    float s = 0.0f;
+    for (int j = 0; j < LANES; j++) s += acc[j];
+    return s;
+}
+
+// max of a[i] (-inf for n = 0); NaNs are skipped, as the exp of the row brings them back
+static inline float row_max(const float* __restrict__ a, int n) {
+    float acc[LANES];
+    for (int j = 0; j < LANES; j++) acc[j] = -INFINITY;
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] = a[i + j] > acc[j] ? a[i + j] : acc[j];
+    for (int j = 0; i + j < n; j++) acc[j] = a[i + j] > acc[j] ? a[i + j] : acc[j];
+    float m = -INFINITY;
+    for (int j = 0; j < LANES; j++) m = acc[j] > m ? acc[j] : m;
+    return m;
+}
+
+static inline float bits_to_float(int32_t bits) {
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+// exp(x) as vector hardware computes it: x = n ln2 + r with |r| <= ln2/2, exp(r) by a
+// degree-6 polynomial (Cephes expf's coefficients, error < 2 ulp), times 2^n built from bits.
+// Branch-free, so the loops calling it vectorise. exp(-inf) = 0, exp(+inf) = inf, NaN stays.
+static inline float xt_exp(float x) {
+    const float hi = 88.72283935546875f, lo = -87.33654475f;
+    float xc = x > hi ? hi : x;
+    xc = xc < lo ? lo : xc;
+    float fn = std::floor(xc * 1.44269504088896341f + 0.5f);
+    float r = xc - fn * 0.693359375f;  // ln2 in two parts: this product is exact
+    r = r - fn * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    int32_t n = (int32_t)fn, n1 = n / 2;  // 2^n as two factors: n = 128 and n = -126 stay normal
+    float y = p * bits_to_float((n1 + 127) << 23) * bits_to_float((n - n1 + 127) << 23);
+    y = x > hi ? INFINITY : y;
+    return x < lo ? 0.0f : y;
+}
+
+EXPORT void exp_rows(const float* x, float* y, i64 n) {  // for the tests: y = exp(x)
+    for (i64 i = 0; i < n; i++) y[i] = xt_exp(x[i]);
+}
+
+static inline float sigmoid(float a) { return 1.0f / (1.0f + xt_exp(-a)); }
+
+// ------------------------------------------------------------------ RMSNorm
+// xhat = x * r, out = xhat * w (w may be null: out is not written), r = 1 / sqrt(mean(x^2) + eps)
+EXPORT void rmsnorm_fwd(const float* x, const float* w, float* xhat, float* out, float* r,
+                        i64 lo, i64 hi, int D, float eps) {
+    const float inv_d = 1.0f / (float)D;
+    for (i64 row = lo; row < hi; row++) {
+        const float* xr = x + row * D;
+        float rr = 1.0f / std::sqrt(dot(xr, xr, D) * inv_d + eps);
+        r[row] = rr;
+        float* xh = xhat + row * D;
+        for (int i = 0; i < D; i++) xh[i] = xr[i] * rr;
+        if (w) {
+            float* o = out + row * D;
+            for (int i = 0; i < D; i++) o[i] = xh[i] * w[i];
+        }
+    }
+}
+
+// gx = r * (gh - xhat * mean(gh * xhat)), gh = g * w (gx may be null);
+// gw_parts[k] += g * xhat over the rows of block k (blocks of block_rows rows from row 0;
+// null: no weight gradient). [lo, hi) starts on a block, so no block has two writers.
+EXPORT void rmsnorm_bwd(const float* g, const float* xhat, const float* w, const float* r,
+                        float* gx, float* gw_parts, i64 lo, i64 hi, int D, i64 block_rows) {
+    const float inv_d = 1.0f / (float)D;
+    float* tmp = new float[D];  // gh = g * w of one row
+    for (i64 row = lo; row < hi; row++) {
+        const float* gr = g + row * D;
+        const float* xh = xhat + row * D;
+        if (gw_parts) {
+            float* part = gw_parts + (row / block_rows) * D;
+            for (int i = 0; i < D; i++) part[i] += gr[i] * xh[i];
+        }
+        if (!gx) continue;
+        const float* ghr = gr;
+        if (w) {
+            for (int i = 0; i < D; i++) tmp[i] = gr[i] * w[i];
+            ghr = tmp;
+        }
+        float d = dot(ghr, xh, D) * inv_d;
+        float rr = r[row];
+        float* o = gx + row * D;
+        for (int i = 0; i < D; i++) o[i] = (ghr[i] - xh[i] * d) * rr;
+    }
+    delete[] tmp;
+}
+
+// ------------------------------------------------------------------ SwiGLU (elements [lo, hi))
+EXPORT void swiglu_fwd(const float* a, const float* u, float* out, i64 lo, i64 hi) {
+    for (i64 i = lo; i < hi; i++) out[i] = a[i] * sigmoid(a[i]) * u[i];
+}
+
+// du = g * silu(a), da = g * u * s * (1 + a * (1 - s)), s = sigmoid(a)
+EXPORT void swiglu_bwd(const float* a, const float* u, const float* g, float* da, float* du,
+                       i64 lo, i64 hi) {
+    for (i64 i = lo; i < hi; i++) {
+        float s = sigmoid(a[i]);
+        du[i] = g[i] * (a[i] * s);
+        da[i] = g[i] * (u[i] * (s * (1.0f + a[i] * (1.0f - s))));
+    }
+}
+
+// ------------------------------------------------------------------ RoPE (sequences [lo, hi))
+// x, out (B, T, H, D); cos, sin (T, D). Pair (i, i + D/2) of each head at position t:
+// o1 = x1 c - x2 s, o2 = x2 c + x1 s (sign = -1: the inverse rotation, the backward)
+EXPORT void rope(const float* x, const float* cos, const float* sin, float* out,
+                 i64 lo, i64 hi, int T, int H, int D, float sign) {
+    const int h = D / 2;
+    for (i64 b = lo; b < hi; b++)
+        for (int t = 0; t < T; t++) {
+            const float* c = cos + (i64)t * D;
+            const float* s = sin + (i64)t * D;
+            for (int head = 0; head < H; head++) {
+                i64 base = ((b * T + t) * H + head) * D;
+                const float* xr = x + base;
+                float* o = out + base;
+                for (int i = 0; i < h; i++) {
+                    o[i] = xr[i] * c[i] - xr[i + h] * (sign * s[i]);
+                    o[i + h] = xr[i + h] * c[i + h] + xr[i] * (sign * s[i + h]);
+                }
+            }
+        }
+}
+
+// ------------------------------------------------------------------ causal softmax
+// Rows of scores (n_rows, Tk); row q's query sits at absolute position Tk - Tq + (q % Tq) and
+// sees keys 0 .. that position. In place: p = softmax(s * scale) over the keys it sees, 0 after.
+EXPORT void causal_softmax_fwd(float* s, i64 lo, i64 hi, int Tq, int Tk, float scale) {
+    for (i64 row = lo; row < hi; row++) {
+        float* x = s + row * Tk;
+        int n = Tk - Tq + (int)(row % Tq) + 1;
+        for (int j = 0; j < n; j++) x[j] *= scale;
+        float m = row_max(x, n);
+        for (int j = 0; j < n; j++) x[j] = xt_exp(x[j] - m);
+        float sum = row_sum(x, n);
+        for (int j = 0; j < n; j++) x[j] /= sum;
+        for (int j = n; j < Tk; j++) x[j] = 0.0f;
+    }
+}
+
+// In place over dp: ds = p * (dp - sum(dp * p)) * scale on the keys a row sees, 0 after.
+EXPORT void causal_softmax_bwd(const float* p, float* dp, i64 lo, i64 hi, int Tq, int Tk, float scale) {
+    for (i64 row = lo; row < hi; row++) {
+        const float* pr = p + row * Tk;
+        float* d = dp + row * Tk;
+        int n = Tk - Tq + (int)(row % Tq) + 1;
+        float c = dot(d, pr, n);
+        for (int j = 0; j < n; j++) d[j] = (d[j] - c) * pr[j] * scale;
+        for (int j = n; j < Tk; j++) d[j] = 0.0f;
+    }
+}
+
+// ------------------------------------------------------------------ cross-entropy rows
+// In place: x (n_rows, V) becomes exp(x - max); s = its row sums, lse = max + log(s).
+EXPORT void softmax_exp_rows(float* x, float* s, float* lse, i64 lo, i64 hi, int V) {
+    for (i64 row = lo; row < hi; row++) {
+        float* xr = x + row * V;
+        float m = row_max(xr, V);
+        for (int j = 0; j < V; j++) xr[j] = xt_exp(xr[j] - m);
+        float sum = row_sum(xr, V);
+        s[row] = sum;
+        lse[row] = m + std::log(sum);
+    }
+}

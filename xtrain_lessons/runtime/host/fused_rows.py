@@ -1,0 +1,247 @@
+"""The fused row kernels of `fused_rows.cpp` on NumPy arrays, and a NumPy reference of each
+(phase T07: what a compiler's fusion buys on the CPU).
+
+The C++ file is compiled once per machine and compiler by g++ (-O3 -march=native
+-ffp-contract=off), cached beside the emulator's kernels ($XTRAIN_CACHE_DIR or
+~/.cache/xtrain-lessons/kernels), and called through ctypes, which lets go of the GIL: the
+engine's threads (cpu_threads.map_rows) run the calls side by side on their runs of rows.
+
+    from xtrain_lessons.runtime.host import fused_rows as fr
+    if fr.usable(x):                       # float32 NumPy arrays, kernels built, not turned off
+        fr.rmsnorm_fwd(x, w, xhat, out, r, 0, len(x), eps=1e-6)
+    with fr.disabled():                    # the engine's NumPy path instead (T07 compares them)
+        ...
+
+Used for float32 NumPy arrays only: float64 (gradcheck), bf16/fp16 storage and CuPy arrays
+keep the NumPy (or CuPy) path. Without a C++ compiler, or with XTRAIN_FUSED=0, nothing is
+built and the engine runs its NumPy path: the same model, other last bits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from xtrain_lessons.runtime.cuda.emulator import KernelError, build_host_library
+
+__all__ = ["SOURCE", "FLAGS", "usable", "available", "enabled", "disabled", "library",
+           "exp", "rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd", "rope",
+           "causal_softmax_fwd", "causal_softmax_bwd", "softmax_exp_rows",
+           "ref_exp", "ref_rmsnorm_fwd", "ref_rmsnorm_bwd", "ref_swiglu_fwd", "ref_swiglu_bwd",
+           "ref_rope", "ref_causal_softmax_fwd", "ref_causal_softmax_bwd", "ref_softmax_exp_rows"]
+
+SOURCE = Path(__file__).with_name("fused_rows.cpp")
+FLAGS = ("-std=c++17", "-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math",
+         "-mprefer-vector-width=512",
+         "-shared", "-fPIC", "-fvisibility=hidden")
+
+P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_float
+_SIGNATURES = {
+    "exp_rows": (P, P, I64),
+    "rmsnorm_fwd": (P, P, P, P, P, I64, I64, I32, F32),
+    "rmsnorm_bwd": (P, P, P, P, P, P, I64, I64, I32, I64),
+    "swiglu_fwd": (P, P, P, I64, I64),
+    "swiglu_bwd": (P, P, P, P, P, I64, I64),
+    "rope": (P, P, P, P, I64, I64, I32, I32, I32, F32),
+    "causal_softmax_fwd": (P, I64, I64, I32, I32, F32),
+    "causal_softmax_bwd": (P, P, I64, I64, I32, I32, F32),
+    "softmax_exp_rows": (P, P, P, I64, I64, I32),
+}
+
+_lib = None  # the loaded library, False once building it failed
+_lock = threading.Lock()
+_off_all = [os.environ.get("XTRAIN_FUSED", "1") == "0"]  # process-wide: the pool's threads too
+
+
+def _cpu_key() -> str:
+    """-march=native code runs only on CPUs with the same features: part of the cache key."""
+    try:
+        info = open("/proc/cpuinfo", encoding="utf-8").read()
+        lines = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags"))][:2]
+    except OSError:
+        lines = [os.uname().machine]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+
+
+def library():
+    """The compiled kernels (ctypes.CDLL), built on first use; None if they cannot be built
+    (no compiler: the reason is printed once on stderr)."""
+    global _lib
+    if _lib is None:
+        with _lock:
+            if _lib is None:
+                _lib = _load()
+    return _lib or None
+
+
+def _load():
+    cpp = SOURCE.read_text() + f"\n// cpu {_cpu_key()}\n"
+    try:
+        lib = ctypes.CDLL(str(build_host_library(cpp, FLAGS, "xtrain-fused-", SOURCE.name)))
+    except (KernelError, OSError) as e:
+        print(f"xtrain: fused CPU kernels unavailable ({str(e).splitlines()[0]}); using the NumPy path",
+              file=sys.stderr)
+        return False
+    for name, args in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, None
+    return lib
+
+
+def enabled() -> bool:
+    return not _off_all[0]
+
+
+@contextlib.contextmanager
+def disabled():
+    """The engine's NumPy path inside the block (process-wide: the pool's threads too)."""
+    before = _off_all[0]
+    _off_all[0] = True
+    try:
+        yield
+    finally:
+        _off_all[0] = before
+
+
+def available() -> bool:
+    """The kernels are built (or can be) on this machine."""
+    return library() is not None
+
+
+def usable(*arrays) -> bool:
+    """Run these arrays through the kernels? All float32 C-contiguous NumPy arrays (None is
+    skipped), kernels not disabled, and built."""
+    if _off_all[0]:
+        return False
+    for a in arrays:
+        if a is not None and not (type(a) is np.ndarray and a.dtype == np.float32 and a.flags.c_contiguous):
+            return False
+    return library() is not None
+
+
+def _p(a):
+    return None if a is None else a.ctypes.data
+
+
+# ------------------------------------------------------------------ the launchers
+def exp(x: np.ndarray) -> np.ndarray:
+    y = np.empty_like(x)
+    library().exp_rows(_p(x), _p(y), x.size)
+    return y
+
+
+def rmsnorm_fwd(x, w, xhat, out, r, lo, hi, eps):
+    """x, xhat, out (N, D), w (D,) or None, r (N,) or (N, 1): rows lo..hi-1."""
+    library().rmsnorm_fwd(_p(x), _p(w), _p(xhat), _p(out), _p(r), lo, hi, x.shape[-1], float(eps))
+
+
+def rmsnorm_bwd(g, xhat, w, r, gx, gw_parts, lo, hi, block_rows):
+    """gw_parts (n_blocks, D), zeroed by the caller, or None; gx (N, D) or None."""
+    library().rmsnorm_bwd(_p(g), _p(xhat), _p(w), _p(r), _p(gx), _p(gw_parts), lo, hi, xhat.shape[-1],
+                          block_rows)
+
+
+def swiglu_fwd(a, u, out, lo, hi):
+    """Flat element range lo..hi-1 of same-shaped arrays."""
+    library().swiglu_fwd(_p(a), _p(u), _p(out), lo, hi)
+
+
+def swiglu_bwd(a, u, g, da, du, lo, hi):
+    library().swiglu_bwd(_p(a), _p(u), _p(g), _p(da), _p(du), lo, hi)
+
+
+def rope(x, cos, sin, out, lo, hi, sign=1.0):
+    """x, out (B, T, H, D); cos, sin (T, D); sequences lo..hi-1."""
+    _, T, H, D = x.shape
+    library().rope(_p(x), _p(cos), _p(sin), _p(out), lo, hi, T, H, D, float(sign))
+
+
+def causal_softmax_fwd(s, lo, hi, Tq, scale):
+    """s (..., Tk) seen as rows, row q's query at position Tk - Tq + q % Tq; rows lo..hi-1."""
+    library().causal_softmax_fwd(_p(s), lo, hi, Tq, s.shape[-1], float(scale))
+
+
+def causal_softmax_bwd(p, dp, lo, hi, Tq, scale):
+    library().causal_softmax_bwd(_p(p), _p(dp), lo, hi, Tq, p.shape[-1], float(scale))
+
+
+def softmax_exp_rows(x, s, lse, lo, hi):
+    """x (N, V) -> exp(x - max) in place; s, lse (N,) or (N, 1)."""
+    library().softmax_exp_rows(_p(x), _p(s), _p(lse), lo, hi, x.shape[-1])
+
+
+# ------------------------------------------------------------------ NumPy references
+def ref_exp(x):
+    return np.exp(x.astype(np.float64)).astype(np.float32)
+
+
+def ref_rmsnorm_fwd(x, w, eps):
+    x64 = x.astype(np.float64)
+    r = 1.0 / np.sqrt((x64 * x64).mean(axis=-1, keepdims=True) + eps)
+    xhat = x64 * r
+    return xhat, (xhat * w if w is not None else xhat), r
+
+
+def ref_rmsnorm_bwd(g, xhat, w, r):
+    g64, xh = g.astype(np.float64), xhat.astype(np.float64)
+    gh = g64 * w if w is not None else g64
+    gx = r * (gh - xh * (gh * xh).mean(axis=-1, keepdims=True))
+    return gx, (g64 * xh).sum(axis=0)
+
+
+def _ref_sigmoid(a):
+    return 1.0 / (1.0 + np.exp(-a))
+
+
+def ref_swiglu_fwd(a, u):
+    a64 = a.astype(np.float64)
+    return a64 * _ref_sigmoid(a64) * u
+
+
+def ref_swiglu_bwd(a, u, g):
+    a64 = a.astype(np.float64)
+    s = _ref_sigmoid(a64)
+    return g * u * s * (1 + a64 * (1 - s)), g * a64 * s
+
+
+def ref_rope(x, cos, sin, sign=1.0):
+    h = x.shape[-1] // 2
+    x64 = x.astype(np.float64)
+    rot = np.concatenate([-x64[..., h:], x64[..., :h]], axis=-1)
+    return x64 * cos[:, None, :] + rot * (sign * sin[:, None, :].astype(np.float64))
+
+
+def _ref_causal_mask(n_rows, Tq, Tk):
+    q = np.arange(n_rows) % Tq
+    return np.arange(Tk)[None, :] <= (Tk - Tq + q)[:, None]
+
+
+def ref_causal_softmax_fwd(s, Tq, scale):
+    rows = s.reshape(-1, s.shape[-1]).astype(np.float64) * scale
+    seen = _ref_causal_mask(len(rows), Tq, s.shape[-1])
+    rows = np.where(seen, rows, -np.inf)
+    e = np.exp(rows - rows.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)).reshape(s.shape)
+
+
+def ref_causal_softmax_bwd(p, dp, Tq, scale):
+    p64 = p.reshape(-1, p.shape[-1]).astype(np.float64)
+    d64 = dp.reshape(p64.shape).astype(np.float64)
+    seen = _ref_causal_mask(len(p64), Tq, p.shape[-1])
+    ds = p64 * (d64 - (d64 * p64).sum(axis=-1, keepdims=True)) * scale
+    return np.where(seen, ds, 0.0).reshape(p.shape)
+
+
+def ref_softmax_exp_rows(x):
+    x64 = x.astype(np.float64)
+    m = x64.max(axis=-1, keepdims=True)
+    e = np.exp(x64 - m)
+    s = e.sum(axis=-1, keepdims=True)
+    return e, s, m + np.log(s)
