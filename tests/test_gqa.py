@@ -23,6 +23,7 @@ from xtrain_lessons.model.gqa import (
 from xtrain_lessons.autograd.gradcheck import gradcheck
 from xtrain_lessons.model.qwen3 import Config, Model, PRESETS
 from xtrain_lessons.model.layers import causal_attention
+from xtrain_lessons.runtime.host import fused_rows
 
 torch = pytest.importorskip("torch")
 
@@ -70,7 +71,13 @@ def _model_logits_and_grads(cfg, attention_fn, ids, targets, monkeypatch):
 
 def test_group_size_one_is_bit_identical_to_multi_head(monkeypatch):
     """n_kv_heads = n_heads through the engine's grouped attention (nn.causal_attention) gives
-    exactly the logits and gradients of plain multi-head attention built from T04's ops."""
+    exactly the logits and gradients of plain multi-head attention built from T04's ops (on the
+    NumPy path: runtime/host's C++ softmax is another sequence of roundings than T04's)."""
+    with fused_rows.disabled():
+        _group_size_one_is_bit_identical(monkeypatch)
+
+
+def _group_size_one_is_bit_identical(monkeypatch):
     cfg = PRESETS["test"].replace(n_kv_heads=PRESETS["test"].n_heads)
     rng = np.random.default_rng(0)
     ids, targets = rng.integers(0, cfg.vocab_size, (2, 19)), rng.integers(0, cfg.vocab_size, (2, 19))

@@ -207,15 +207,16 @@ def attention_reference(q, k, v, causal: bool = True):
 def saved_bytes(node: Tensor) -> int:
     """Bytes of the arrays a node's backward closure keeps alive beyond its inputs' own data.
 
-    Looks into the closure cells of `node._backward` (one level, as our ops are written):
+    Looks into the closure cells of `node._backward` (one level, as our ops are written, and
+    into lists and tuples there: causal attention keeps one array per block of queries):
     every array there that is not the data of a parent counts, once (views count at the
     size of their base)."""
     if node._backward is None:
         return 0
     parent_data = {id(p.data) for p in node._parents}
     seen, total = set(), 0
-    for cell in node._backward.__closure__ or ():
-        x = cell.cell_contents
+    cells = [cell.cell_contents for cell in node._backward.__closure__ or ()]
+    for x in [x for c in cells for x in (c if isinstance(c, (list, tuple)) else [c])]:
         if hasattr(x, "nbytes") and hasattr(x, "shape") and id(x) not in parent_data:
             base = x
             while getattr(base, "base", None) is not None:

@@ -25,6 +25,7 @@ import numpy as np
 
 from xtrain_lessons.autograd import ops
 from xtrain_lessons.autograd.tensor import Tensor, make_node
+from xtrain_lessons.model import causal_blocks
 from xtrain_lessons.runtime import cpu_threads
 from xtrain_lessons.runtime.allocator import empty  # np.empty, or the engine allocator's (T11)
 from xtrain_lessons.runtime.cpu_threads import map_rows
@@ -240,13 +241,7 @@ def _keys_t(k):
     return xp.ascontiguousarray(k.transpose(0, 2, 3, 1))
 
 
-def attention_fwd(q, k, v):
-    """Arrays in, arrays out: (out (B, Tq, H, D), probs (B, Hkv, G*Tq, Tk)).
-
-    q (B, Tq, H, D); k, v (B, Tk, Hkv, D) with Tk >= Tq: the queries are the LAST Tq
-    positions, so query i (absolute position Tk - Tq + i) sees keys 0 .. Tk - Tq + i.
-    """
-    xp = array_module(q)
+def _check_shapes(q, k, v):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     if H % Hkv:
@@ -254,6 +249,18 @@ def attention_fwd(q, k, v):
     if Tk < Tq or k.shape != v.shape or k.shape[0] != B or k.shape[3] != D:
         raise ValueError(f"attention: q {q.shape}, k {k.shape}, v {v.shape} do not fit "
                          f"(need k, v (B, Tk, Hkv, D) with Tk >= Tq)")
+
+
+def attention_fwd(q, k, v):
+    """Arrays in, arrays out: (out (B, Tq, H, D), probs (B, Hkv, G*Tq, Tk)).
+
+    q (B, Tq, H, D); k, v (B, Tk, Hkv, D) with Tk >= Tq: the queries are the LAST Tq
+    positions, so query i (absolute position Tk - Tq + i) sees keys 0 .. Tk - Tq + i.
+    """
+    xp = array_module(q)
+    _check_shapes(q, k, v)
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
     G = H // Hkv
     scale = q.dtype.type(1.0 / math.sqrt(D))
     qh = _to_heads(q, Hkv)  # (B, Hkv, G*Tq, D), a view
@@ -292,38 +299,16 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     Backward (P = softmax(S), S = q k^T / sqrt(D)):
         dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dP * P)),
         dQ = dS K / sqrt(D),  dK = dS^T Q / sqrt(D)
-    The P^T dO and dS^T Q products sum over a group's query heads by themselves.
+    The P^T dO and dS^T Q products sum over a group's query heads by themselves. The work runs
+    on blocks of queries, each multiplied by the keys it sees only (model/causal_blocks.py).
     """
-    out, p = attention_fwd(q.data, k.data, v.data)
-    B, Tq, H, D = q.shape
-    Tk, Hkv = k.shape[1], k.shape[2]
-    scale = q.dtype.type(1.0 / math.sqrt(D))
+    _check_shapes(q, k, v)
+    if q.shape[1] == 0:
+        raise ValueError(f"causal_attention: no queries in q {q.shape}")
+    out, blocks, probs = causal_blocks.causal_forward(q.data, k.data, v.data)
 
     def backward(g):
-        xp = array_module(g)
-        kh = k.data.transpose(0, 2, 1, 3)  # (B, Hkv, Tk, D), a view
-        qh = _to_heads(q.data, Hkv)  # (B, Hkv, G*Tq, D), a view
-        gh = _to_heads(g, Hkv)  # (B, Hkv, G*Tq, D)
-        dq = empty(q.shape, g.dtype, g)
-        dk = empty(k.shape, g.dtype, g)
-        dv = empty(v.shape, g.dtype, g)
-        fused = fused_rows.usable(p) and g.dtype == p.dtype
-
-        def batch_rows(lo, hi):
-            pb, gb = p[lo:hi], gh[lo:hi]
-            dv[lo:hi] = xp.matmul(pb.swapaxes(-1, -2), gb).transpose(0, 2, 1, 3)  # P^T dO (sums a group's heads)
-            ds = gb @ _keys_t(v.data[lo:hi])  # dP, overwritten by dS
-            if fused:
-                fused_rows.causal_softmax_bwd(pb, ds, 0, ds.size // Tk, Tq, scale)
-            else:
-                ds -= (ds * pb).sum(axis=-1, keepdims=True)
-                ds *= pb
-                ds *= scale
-            _from_heads_into(dq[lo:hi], xp.matmul(ds, kh[lo:hi]))
-            dk[lo:hi] = xp.matmul(ds.swapaxes(-1, -2), qh[lo:hi]).transpose(0, 2, 1, 3)
-
-        map_rows(batch_rows, B, p[0].nbytes, like=p, blas=True)
-        return dq, dk, dv
+        return causal_blocks.causal_backward(q.data, k.data, v.data, g, blocks, probs)
 
     return make_node(out, (q, k, v), backward, "causal_attention")
 

@@ -1,0 +1,208 @@
+"""runtime/host's fused C++ row kernels against their NumPy references, the engine with them
+against its NumPy path, and causal attention by blocks of queries (phase T07)."""
+
+import contextlib
+
+import numpy as np
+import pytest
+
+from xtrain_lessons.autograd.gradcheck import gradcheck
+from xtrain_lessons.autograd.tensor import Tensor, make_node
+from xtrain_lessons.model import causal_blocks, layers
+from xtrain_lessons.model.qwen3 import Model, PRESETS
+from xtrain_lessons.runtime import cpu_threads
+from xtrain_lessons.runtime.host import fused_rows as fr
+
+pytestmark = pytest.mark.skipif(not fr.available(), reason="no C++ compiler: the fused kernels cannot be built")
+
+F32_TOL = dict(rtol=3e-6, atol=3e-7)  # a few float32 roundings away from the float64 reference
+
+
+def _rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def _randn(*shape, seed=0, scale=1.0):
+    return (_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+def test_exp_within_two_ulp_and_its_special_values():
+    x = np.concatenate([np.linspace(-87.3, 88.7, 400_001), [0.0, -1e-30, 1e-30]]).astype(np.float32)
+    y, ref = fr.exp(x).astype(np.float64), np.exp(x.astype(np.float64))
+    ulp = np.spacing(ref.astype(np.float32)).astype(np.float64)
+    assert np.max(np.abs(y - ref) / ulp) <= 2.0
+    special = np.array([-np.inf, np.inf, np.nan, 89.0, -88.0, -1000.0, 1000.0], np.float32)
+    out = fr.exp(special)
+    assert out[0] == 0.0 and out[1] == np.inf and np.isnan(out[2]) and out[3] == np.inf
+    assert out[4] == 0.0 and out[5] == 0.0 and out[6] == np.inf  # below 2^-126: flushed to 0
+
+
+@pytest.mark.parametrize("D,with_w", [(192, True), (48, True), (37, False), (5, True)])
+def test_rmsnorm_forward_and_backward_match_float64(D, with_w):
+    N = 70
+    x, g = _randn(N, D, seed=1, scale=3.0), _randn(N, D, seed=2)
+    w = _randn(D, seed=3) if with_w else None
+    xhat, out, r = np.empty_like(x), np.empty_like(x), np.empty(N, np.float32)
+    fr.rmsnorm_fwd(x, w, xhat, out, r, 0, N, 1e-6)
+    rx, ro, rr = fr.ref_rmsnorm_fwd(x, w, 1e-6)
+    np.testing.assert_allclose(xhat, rx, **F32_TOL)
+    np.testing.assert_allclose(r, rr[:, 0], rtol=3e-6)
+    if with_w:
+        np.testing.assert_allclose(out, ro, **F32_TOL)
+    block = 16
+    parts = np.zeros((-(-N // block), D), np.float32)
+    gx = np.empty_like(x)
+    fr.rmsnorm_bwd(g, xhat, w, r, gx, parts, 0, N, block)
+    rgx, rgw = fr.ref_rmsnorm_bwd(g, xhat, w, r[:, None].astype(np.float64))
+    np.testing.assert_allclose(gx, rgx, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(parts.sum(axis=0), rgw, rtol=1e-5, atol=1e-5)
+    for k in range(len(parts)):  # each block's partial holds its own rows only
+        rows = slice(k * block, (k + 1) * block)
+        np.testing.assert_allclose(parts[k], (g[rows].astype(np.float64) * xhat[rows]).sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_swiglu_matches_float64_and_saturates():
+    a = np.concatenate([_randn(5000, seed=4, scale=4.0), [-200.0, 200.0, 0.0]]).astype(np.float32)
+    u, g = _randn(a.size, seed=5), _randn(a.size, seed=6)
+    out, da, du = np.empty_like(a), np.empty_like(a), np.empty_like(a)
+    fr.swiglu_fwd(a, u, out, 0, a.size)
+    fr.swiglu_bwd(a, u, g, da, du, 0, a.size)
+    np.testing.assert_allclose(out, fr.ref_swiglu_fwd(a, u), rtol=1e-5, atol=1e-6)
+    rda, rdu = fr.ref_swiglu_bwd(a, u, g)
+    np.testing.assert_allclose(da, rda, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(du, rdu, rtol=1e-5, atol=1e-6)
+    assert np.isfinite(out).all() and np.isfinite(da).all()
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_rope_matches_float64_and_inverts(sign):
+    B, T, H, D = 3, 11, 4, 16
+    x = _randn(B, T, H, D, seed=7)
+    cos, sin = layers.rope_tables(T, D, 10000.0)
+    out = np.empty_like(x)
+    fr.rope(x, cos, sin, out, 0, B, sign)
+    np.testing.assert_allclose(out, fr.ref_rope(x, cos, sin, sign), **F32_TOL)
+    back = np.empty_like(x)
+    fr.rope(out, cos, sin, back, 0, B, -sign)
+    np.testing.assert_allclose(back, x, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("Tq,Tk", [(16, 16), (5, 12), (1, 7), (33, 33)])
+def test_causal_softmax_matches_float64(Tq, Tk):
+    s = _randn(3, Tq, Tk, seed=8, scale=3.0)
+    p = s.copy()
+    fr.causal_softmax_fwd(p, 0, 3 * Tq, Tq, 0.25)
+    ref = fr.ref_causal_softmax_fwd(s, Tq, 0.25)
+    np.testing.assert_allclose(p, ref, rtol=1e-5, atol=1e-7)
+    assert (p[np.broadcast_to(ref == 0, p.shape)] == 0).all()  # masked keys are exactly 0
+    dp = _randn(*s.shape, seed=9)
+    ds = dp.copy()
+    fr.causal_softmax_bwd(p, ds, 0, 3 * Tq, Tq, 0.25)
+    np.testing.assert_allclose(ds, fr.ref_causal_softmax_bwd(p, dp, Tq, 0.25), rtol=1e-5, atol=1e-7)
+
+
+def test_softmax_rows_match_float64_and_keep_nan():
+    x = _randn(9, 300, seed=10, scale=5.0)
+    x[4, 7] = np.nan
+    e, s, lse = x.copy(), np.empty(9, np.float32), np.empty(9, np.float32)
+    fr.softmax_exp_rows(e, s, lse, 0, 9)
+    ok = np.arange(9) != 4
+    re, rs, rl = fr.ref_softmax_exp_rows(x[ok])
+    np.testing.assert_allclose(e[ok], re, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(s[ok], rs[:, 0], rtol=1e-5)
+    np.testing.assert_allclose(lse[ok], rl[:, 0], rtol=1e-6, atol=1e-6)
+    assert np.isnan(lse[4])  # a NaN logit makes a NaN loss, as on the NumPy path
+
+
+def test_usable_only_for_float32_numpy_arrays_and_disabled():
+    x = np.zeros((4, 4), np.float32)
+    assert fr.usable(x, None)
+    assert not fr.usable(x.astype(np.float64)) and not fr.usable(x.T) and not fr.usable(x[:, :2])
+    with fr.disabled():
+        assert not fr.usable(x)
+    assert fr.usable(x)
+
+
+def test_without_a_compiler_the_engine_takes_the_numpy_path(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("XTRAIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    monkeypatch.setattr(fr, "_lib", None)
+    assert not fr.usable(np.zeros(3, np.float32)) and not fr.available()
+    assert "fused CPU kernels unavailable" in capsys.readouterr().err
+    m = Model(PRESETS["test"], seed=0)
+    ids = _rng(11).integers(0, 64, size=(2, 9))
+    assert np.isfinite(m.loss(ids[:, :-1], ids[:, 1:]).item())
+
+
+def _step_grads(model, ids):
+    loss = model.loss(ids[:, :-1], ids[:, 1:])
+    model.zero_grad()
+    loss.backward()
+    return float(loss.item()), {k: p.grad.copy() for k, p in model.named_parameters().items()}
+
+
+def test_the_model_with_fused_kernels_agrees_with_its_numpy_path():
+    cfg = PRESETS["test"].replace(vocab_size=300, max_seq_len=80)
+    model = Model(cfg, seed=0)
+    ids = _rng(12).integers(0, 300, size=(3, 71))
+    loss_f, grads_f = _step_grads(model, ids)
+    with fr.disabled():
+        loss_n, grads_n = _step_grads(model, ids)
+    assert abs(loss_f - loss_n) <= 1e-6 * abs(loss_n)
+    for k in grads_n:
+        np.testing.assert_allclose(grads_f[k], grads_n[k], rtol=2e-4, atol=2e-6, err_msg=k)
+
+
+def test_the_fused_step_gives_the_same_bits_with_any_thread_count():
+    cfg = PRESETS["test"].replace(vocab_size=300, dim=64, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=128,
+                                  max_seq_len=140)
+    ids = _rng(13).integers(0, 300, size=(5, 131))
+    before = cpu_threads.get_threads()
+    runs = []
+    try:
+        for n in (1, 2, 3):
+            cpu_threads.set_threads(n)
+            runs.append(_step_grads(Model(cfg, seed=0), ids))
+    finally:
+        cpu_threads.set_threads(before)
+    for loss, grads in runs[1:]:
+        assert loss == runs[0][0]
+        for k in grads:
+            assert np.array_equal(grads[k], runs[0][1][k]), k
+
+
+# ---- causal attention by blocks of queries ------------------------------------------------
+
+def test_query_blocks_cover_the_queries_and_see_the_causal_keys():
+    assert causal_blocks.query_blocks(10, 10, 4) == [(0, 4, 4), (4, 8, 8), (8, 10, 10)]
+    assert causal_blocks.query_blocks(3, 8, 2) == [(0, 2, 7), (2, 3, 8)]  # queries are the last 3 positions
+    assert causal_blocks.query_blocks(128, 128) == [(0, 64, 64), (64, 128, 128)]
+    assert len(causal_blocks.query_blocks(512, 512)) == 4
+
+
+@pytest.mark.parametrize("B,Tq,Tk,H,Hkv,D,block", [(2, 13, 13, 4, 2, 8, 4), (1, 9, 14, 3, 1, 6, 2),
+                                                    (3, 7, 7, 2, 2, 4, 7), (2, 130, 130, 2, 1, 8, None)])
+@pytest.mark.parametrize("fused", [True, False])
+def test_blocks_give_the_full_attention(B, Tq, Tk, H, Hkv, D, block, fused):
+    q, g = _randn(B, Tq, H, D, seed=14), _randn(B, Tq, H, D, seed=15)
+    k, v = _randn(B, Tk, Hkv, D, seed=16), _randn(B, Tk, Hkv, D, seed=17)
+    with fr.disabled() if not fused else contextlib.nullcontext():
+        out, blocks, probs = causal_blocks.causal_forward(q, k, v, block)
+        dq, dk, dv = causal_blocks.causal_backward(q, k, v, g, blocks, probs)
+    q64, k64, v64, g64 = (a.astype(np.float64) for a in (q, k, v, g))
+    ref, _ = layers.attention_fwd(q64, k64, v64)  # every score, the upper half masked
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+    one_block = causal_blocks.causal_forward(q64, k64, v64, Tq)  # float64, one block = the full matrix
+    rdq, rdk, rdv = causal_blocks.causal_backward(q64, k64, v64, g64, *one_block[1:])
+    for got, want in ((dq, rdq), (dk, rdk), (dv, rdv)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_blocks_gradcheck():
+    def attention(q, k, v):
+        out, blocks, probs = causal_blocks.causal_forward(q.data, k.data, v.data, 3)
+        return make_node(out, (q, k, v), lambda g: causal_blocks.causal_backward(q.data, k.data, v.data, g,
+                                                                                    blocks, probs), "attn")
+    q = Tensor(_randn(2, 8, 4, 4, seed=18).astype(np.float64), requires_grad=True)
+    k, v = (Tensor(_randn(2, 8, 2, 4, seed=s).astype(np.float64), requires_grad=True) for s in (19, 20))
+    assert gradcheck(attention, [q, k, v])
