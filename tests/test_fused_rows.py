@@ -206,3 +206,18 @@ def test_blocks_gradcheck():
     q = Tensor(_randn(2, 8, 4, 4, seed=18).astype(np.float64), requires_grad=True)
     k, v = (Tensor(_randn(2, 8, 2, 4, seed=s).astype(np.float64), requires_grad=True) for s in (19, 20))
     assert gradcheck(attention, [q, k, v])
+
+
+@pytest.mark.parametrize("wd", [0.1, 0.0])
+def test_adamw_gives_the_bits_of_the_numpy_update(wd):
+    from xtrain_lessons.training.optim import _adamw_update  # noqa: PLC0415
+
+    rng = _rng(21)
+    arrays = [rng.standard_normal(10_007).astype(np.float32) for _ in range(3)]
+    arrays.append(np.abs(rng.standard_normal(10_007)).astype(np.float32))  # v >= 0
+    mine = [a.copy() for a in arrays]
+    hyper = (3e-3, 0.9, 0.95, 1e-8, wd, 1 - 0.9 ** 7, (1 - 0.95 ** 7) ** 0.5)
+    _adamw_update(*arrays, *hyper)
+    fr.adamw(*mine, *hyper)
+    for want, got in zip(arrays, mine):
+        assert np.array_equal(want, got)

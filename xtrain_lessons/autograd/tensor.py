@@ -262,6 +262,7 @@ class Tensor:
 
         order = topological_order(self)
         grads = {id(self): grad}  # id(tensor) -> gradient array, freed once consumed
+        sums = set()  # ids whose gradient is a sum made here: ours to add into in place
         for t in reversed(order):
             g = grads.pop(id(t), None)
             if g is None:
@@ -285,8 +286,15 @@ class Tensor:
                 if gp.dtype != p.dtype:
                     gp = gp.astype(p.dtype)
                 prev = grads.get(id(p))
-                # fan-out: sum the contributions (out of place: `prev` may be shared)
-                grads[id(p)] = gp if prev is None else prev + gp
+                # fan-out: sum the contributions; the first sum out of place (`prev` may be
+                # shared with another tensor), later ones into that sum
+                if prev is None:
+                    grads[id(p)] = gp
+                elif id(p) in sums:
+                    prev += gp
+                else:
+                    grads[id(p)] = prev + gp
+                    sums.add(id(p))
 
     # -- operators: defined in ops.py, attached at the bottom of this file --
 

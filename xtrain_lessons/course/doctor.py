@@ -121,6 +121,22 @@ def check_emulator() -> Finding:
     return Finding("CUDA emulator (CPU)", OK if ok else FAIL, message, True, "" if ok else fix)
 
 
+def check_fused_kernels() -> Finding:
+    """runtime/host's fused C++ row kernels: the fast float32 CPU path (optional: without them
+    the engine runs its NumPy path)."""
+    from xtrain_lessons.runtime.host import fused_rows
+
+    name = "fused CPU kernels"
+    if not fused_rows.enabled():
+        return Finding(name, MISSING, "turned off by XTRAIN_FUSED=0: the engine runs its NumPy path", False,
+                       "unset XTRAIN_FUSED")
+    if not fused_rows.available():
+        return Finding(name, MISSING, "cannot be built: the engine runs its NumPy path (slower)", False,
+                       "install g++ (or set $CXX)")
+    return Finding(name, OK, f"built from runtime/host/{fused_rows.SOURCE.name} (g++ -O3 -march=native): "
+                   "the engine's float32 CPU path", False)
+
+
 def check_nvcc() -> Finding:
     nvcc = shutil.which("nvcc")
     fix = "optional: install the CUDA toolkit to compile-check kernels as real CUDA"
@@ -191,7 +207,7 @@ def run_checks() -> list[Finding]:
     for label, module in [("tokenizers", "tokenizers"), ("safetensors", "safetensors"),
                           ("ml_dtypes", "ml_dtypes"), ("matplotlib", "matplotlib"), ("tqdm", "tqdm")]:
         findings.append(check_module(label, module, True, runtime_fix))
-    findings += [check_cxx(), check_emulator(), check_nvcc(), check_gpu(), check_precisions()]
+    findings += [check_cxx(), check_emulator(), check_fused_kernels(), check_nvcc(), check_gpu(), check_precisions()]
     findings.append(check_module("torch (test oracle)", "torch", False, DEV_FIX))
     for label, module in [("transformers (interop)", "transformers"),
                           ("Jupyter (JupyterLab)", "jupyterlab"), ("nbval (notebook tests)", "nbval")]:

@@ -104,7 +104,7 @@ def causal_backward(q, k, v, g, blocks, probs):
     """(dq, dk, dv) for the upstream gradient g (B, Tq, H, D) of causal_forward's output."""
     xp = array_module(g)
     B, Tq, H, D = q.shape
-    Tk, Hkv = k.shape[1], k.shape[2]
+    Hkv = k.shape[2]
     G = H // Hkv
     scale = q.dtype.type(1.0 / math.sqrt(D))
     dq, dk, dv = empty(q.shape, g.dtype, g), empty(k.shape, g.dtype, g), empty(v.shape, g.dtype, g)

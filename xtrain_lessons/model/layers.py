@@ -193,15 +193,14 @@ def rope(x: Tensor, cos, sin) -> Tensor:
     out = x * cos + rotate_half(x) * sin; the backward is the inverse rotation
     g * cos + rotate_half^T(g * sin).
     """
-    xp = array_module(x.data)
     B, T, H, D = x.shape
     if cos.shape != (T, D):
         raise ValueError(f"rope: tables have shape {cos.shape}, expected {(T, D)}")
-    cos_t, sin_t = _rope_rows(cos, sin, H)
     fused = fused_rows.usable(x.data, cos, sin)  # one C++ pass per head vector (runtime/host)
 
     def rotate(a, sign):  # sign -1: the inverse rotation [a1 c + a2 s, a2 c - a1 s]
         if not (fused and fused_rows.usable(a)):
+            cos_t, sin_t = _rope_rows(cos, sin, H)
             return _rotate(a, cos_t, sign * sin_t)
         out = empty(a.shape, a.dtype, a)
         map_rows(lambda lo, hi: fused_rows.rope(a, cos, sin, out, lo, hi, sign), B, a[0].nbytes, whole_runs=True)

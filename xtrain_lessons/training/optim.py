@@ -37,6 +37,7 @@ import numpy as np
 
 from xtrain_lessons.runtime.cpu_threads import map_items, map_rows
 from xtrain_lessons.runtime.device import array_module
+from xtrain_lessons.runtime.host import fused_rows
 
 __all__ = [
     "AdamW",
@@ -292,7 +293,11 @@ def _adamw_updates(updates):
             a, b = spans[i]
             piece = slice(max(lo, a) - a, min(hi, b) - a)
             arrays, hyper = flat[i]
-            _adamw_update(*(x[piece] for x in arrays), *hyper)
+            pieces = [x[piece] for x in arrays]
+            if hyper[-1] is None and fused_rows.usable(*pieces):  # one C++ pass, the same bits
+                fused_rows.adamw(*pieces, *hyper[:-1])
+            else:
+                _adamw_update(*pieces, *hyper)
             i += 1
 
     map_rows(run, end, flat[0][0][0].itemsize)

@@ -214,3 +214,20 @@ EXPORT void softmax_exp_rows(float* x, float* s, float* lse, i64 lo, i64 hi, int
         lse[row] = m + std::log(sum);
     }
 }
+
+// ------------------------------------------------------------------ AdamW (elements [lo, hi))
+// training/optim.py's _adamw_update in one pass, operation for operation (the constants come
+// from Python already rounded to float32, as NumPy rounds them): the same bits as NumPy.
+EXPORT void adamw(float* p, const float* g, float* m, float* v, i64 lo, i64 hi, float decay, int decays,
+                  float one_minus_b1, float b2, float one_minus_b2, float bc2_sqrt, float eps, float step) {
+    for (i64 i = lo; i < hi; i++) {
+        float pi = decays ? p[i] * decay : p[i];
+        float mi = m[i] + one_minus_b1 * (g[i] - m[i]);
+        float vi = v[i] * b2;
+        vi = vi + one_minus_b2 * (g[i] * g[i]);
+        float d = std::sqrt(vi) / bc2_sqrt + eps;
+        p[i] = pi + step * (mi / d);
+        m[i] = mi;
+        v[i] = vi;
+    }
+}

@@ -33,7 +33,7 @@ from xtrain_lessons.runtime.cuda.emulator import KernelError, build_host_library
 
 __all__ = ["SOURCE", "FLAGS", "usable", "available", "enabled", "disabled", "library",
            "exp", "rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd", "rope",
-           "causal_softmax_fwd", "causal_softmax_bwd", "softmax_exp_rows",
+           "causal_softmax_fwd", "causal_softmax_bwd", "softmax_exp_rows", "adamw",
            "ref_exp", "ref_rmsnorm_fwd", "ref_rmsnorm_bwd", "ref_swiglu_fwd", "ref_swiglu_bwd",
            "ref_rope", "ref_causal_softmax_fwd", "ref_causal_softmax_bwd", "ref_softmax_exp_rows"]
 
@@ -53,6 +53,7 @@ _SIGNATURES = {
     "causal_softmax_fwd": (P, I64, I64, I32, I32, F32),
     "causal_softmax_bwd": (P, P, I64, I64, I32, I32, F32),
     "softmax_exp_rows": (P, P, P, I64, I64, I32),
+    "adamw": (P, P, P, P, I64, I64, F32, I32, F32, F32, F32, F32, F32, F32),
 }
 
 _lib = None  # the loaded library, False once building it failed
@@ -175,6 +176,16 @@ def causal_softmax_bwd(p, dp, lo, hi, Tq, scale):
 def softmax_exp_rows(x, s, lse, lo, hi):
     """x (N, V) -> exp(x - max) in place; s, lse (N,) or (N, 1)."""
     library().softmax_exp_rows(_p(x), _p(s), _p(lse), lo, hi, x.shape[-1])
+
+
+def adamw(theta, grad, m, v, lr, b1, b2, eps, wd, bc1, bc2_sqrt):
+    """training/optim.py's AdamW update of whole flat float32 arrays, in place, in one pass;
+    each constant rounded to float32 first, as NumPy rounds a Python float: the same bits."""
+    def f32(x):  # the float32 number as a Python float (ctypes rounds to float32 again: exact)
+        return float(np.float32(x))
+
+    library().adamw(_p(theta), _p(grad), _p(m), _p(v), 0, theta.size, f32(1.0 - lr * wd), wd != 0.0,
+                    f32(1.0 - b1), f32(b2), f32(1.0 - b2), f32(bc2_sqrt), f32(eps), f32(-(lr / bc1)))
 
 
 # ------------------------------------------------------------------ NumPy references
