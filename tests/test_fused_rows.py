@@ -43,7 +43,7 @@ def test_rmsnorm_forward_and_backward_match_float64(D, with_w):
     x, g = _randn(N, D, seed=1, scale=3.0), _randn(N, D, seed=2)
     w = _randn(D, seed=3) if with_w else None
     xhat, out, r = np.empty_like(x), np.empty_like(x), np.empty(N, np.float32)
-    fr.rmsnorm_fwd(x, w, xhat, out, r, 0, N, 1e-6)
+    fr.rmsnorm_fwd(x, w, xhat, out, r, 1e-6)
     rx, ro, rr = fr.ref_rmsnorm_fwd(x, w, 1e-6)
     np.testing.assert_allclose(xhat, rx, **F32_TOL)
     np.testing.assert_allclose(r, rr[:, 0], rtol=3e-6)
@@ -52,7 +52,7 @@ def test_rmsnorm_forward_and_backward_match_float64(D, with_w):
     block = 16
     parts = np.zeros((-(-N // block), D), np.float32)
     gx = np.empty_like(x)
-    fr.rmsnorm_bwd(g, xhat, w, r, gx, parts, 0, N, block)
+    fr.rmsnorm_bwd(g, xhat, w, r, gx, parts, block)
     rgx, rgw = fr.ref_rmsnorm_bwd(g, xhat, w, r[:, None].astype(np.float64))
     np.testing.assert_allclose(gx, rgx, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(parts.sum(axis=0), rgw, rtol=1e-5, atol=1e-5)
@@ -65,8 +65,8 @@ def test_swiglu_matches_float64_and_saturates():
     a = np.concatenate([_randn(5000, seed=4, scale=4.0), [-200.0, 200.0, 0.0]]).astype(np.float32)
     u, g = _randn(a.size, seed=5), _randn(a.size, seed=6)
     out, da, du = np.empty_like(a), np.empty_like(a), np.empty_like(a)
-    fr.swiglu_fwd(a, u, out, 0, a.size)
-    fr.swiglu_bwd(a, u, g, da, du, 0, a.size)
+    fr.swiglu_fwd(a, u, out)
+    fr.swiglu_bwd(a, u, g, da, du)
     np.testing.assert_allclose(out, fr.ref_swiglu_fwd(a, u), rtol=1e-5, atol=1e-6)
     rda, rdu = fr.ref_swiglu_bwd(a, u, g)
     np.testing.assert_allclose(da, rda, rtol=1e-5, atol=1e-6)
@@ -80,10 +80,10 @@ def test_rope_matches_float64_and_inverts(sign):
     x = _randn(B, T, H, D, seed=7)
     cos, sin = layers.rope_tables(T, D, 10000.0)
     out = np.empty_like(x)
-    fr.rope(x, cos, sin, out, 0, B, sign)
+    fr.rope(x, cos, sin, out, sign)
     np.testing.assert_allclose(out, fr.ref_rope(x, cos, sin, sign), **F32_TOL)
     back = np.empty_like(x)
-    fr.rope(out, cos, sin, back, 0, B, -sign)
+    fr.rope(out, cos, sin, back, -sign)
     np.testing.assert_allclose(back, x, rtol=1e-5, atol=1e-6)
 
 
@@ -91,13 +91,13 @@ def test_rope_matches_float64_and_inverts(sign):
 def test_causal_softmax_matches_float64(Tq, Tk):
     s = _randn(3, Tq, Tk, seed=8, scale=3.0)
     p = s.copy()
-    fr.causal_softmax_fwd(p, 0, 3 * Tq, Tq, 0.25)
+    fr.causal_softmax_fwd(p, Tq, 0.25)
     ref = fr.ref_causal_softmax_fwd(s, Tq, 0.25)
     np.testing.assert_allclose(p, ref, rtol=1e-5, atol=1e-7)
     assert (p[np.broadcast_to(ref == 0, p.shape)] == 0).all()  # masked keys are exactly 0
     dp = _randn(*s.shape, seed=9)
     ds = dp.copy()
-    fr.causal_softmax_bwd(p, ds, 0, 3 * Tq, Tq, 0.25)
+    fr.causal_softmax_bwd(p, ds, Tq, 0.25)
     np.testing.assert_allclose(ds, fr.ref_causal_softmax_bwd(p, dp, Tq, 0.25), rtol=1e-5, atol=1e-7)
 
 
@@ -105,7 +105,7 @@ def test_softmax_rows_match_float64_and_keep_nan():
     x = _randn(9, 300, seed=10, scale=5.0)
     x[4, 7] = np.nan
     e, s, lse = x.copy(), np.empty(9, np.float32), np.empty(9, np.float32)
-    fr.softmax_exp_rows(e, s, lse, 0, 9)
+    fr.softmax_exp_rows(e, s, lse)
     ok = np.arange(9) != 4
     re, rs, rl = fr.ref_softmax_exp_rows(x[ok])
     np.testing.assert_allclose(e[ok], re, rtol=1e-5, atol=1e-7)
@@ -221,3 +221,54 @@ def test_adamw_gives_the_bits_of_the_numpy_update(wd):
     fr.adamw(*mine, *hyper)
     for want, got in zip(arrays, mine):
         assert np.array_equal(want, got)
+
+
+def _with_threads(n, fn):
+    before = cpu_threads.get_threads()
+    cpu_threads.set_threads(n)
+    try:
+        return fn()
+    finally:
+        cpu_threads.set_threads(before)
+
+
+def test_the_pool_gives_the_bits_of_one_thread():
+    N, D = 1000, 40
+    x, g = _randn(N, D, seed=22), _randn(N, D, seed=23)
+    w = _randn(D, seed=24)
+
+    def run():
+        xhat, out, r = np.empty_like(x), np.empty_like(x), np.empty(N, np.float32)
+        fr.rmsnorm_fwd(x, w, xhat, out, r, 1e-6)
+        parts, gx = np.zeros((-(-N // 64), D), np.float32), np.empty_like(x)
+        fr.rmsnorm_bwd(g, xhat, w, r, gx, parts, 64)
+        a = x.reshape(-1)
+        y = np.empty_like(a)
+        fr.swiglu_fwd(a, g.reshape(-1), y)
+        return out, gx, parts, y
+
+    one = _with_threads(1, run)
+    for n in (2, 3, 5):
+        for want, got in zip(one, _with_threads(n, run)):
+            assert np.array_equal(want, got)
+    cuts, parts = _with_threads(3, lambda: fr._cuts(N, D * 4, 64))
+    assert parts == 3 and cuts[0] == 0 and cuts[-1] == N and all(c % 64 == 0 for c in cuts[:-1])
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_forked_child_starts_its_own_workers():
+    import os  # noqa: PLC0415
+
+    x = _randn(4096, 64, seed=25)
+    xhat, out, r = np.empty_like(x), np.empty_like(x), np.empty(4096, np.float32)
+    _with_threads(2, lambda: fr.rmsnorm_fwd(x, None, xhat, out, r, 1e-6))  # the parent's workers exist
+    pid = os.fork()
+    if pid == 0:  # the child: its pool must not wait for the parent's threads
+        try:
+            mine = np.empty_like(x)
+            _with_threads(2, lambda: fr.rmsnorm_fwd(x, None, mine, out, np.empty_like(r), 1e-6))
+            os._exit(0 if np.array_equal(mine, xhat) else 1)
+        finally:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0

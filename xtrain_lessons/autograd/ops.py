@@ -603,8 +603,6 @@ def rmsnorm(x, weight=None, eps=1e-6) -> Tensor:
     fused = fused_rows.usable(x2, w)
 
     def forward_rows(lo, hi):  # one cache-sized block of rows (xtrain_lessons.runtime.cpu_threads)
-        if fused:  # the same chain in one C++ pass per row (runtime/host)
-            return fused_rows.rmsnorm_fwd(x2, w, xhat, out, r, lo, hi, eps_)
         xb = x2[lo:hi]
         ms = xp.einsum("ij,ij->i", xb, xb)  # sum of squares, no (rows, D) temporary
         ms *= inv_d
@@ -615,7 +613,10 @@ def rmsnorm(x, weight=None, eps=1e-6) -> Tensor:
         if w is not None:
             xp.multiply(xhat[lo:hi], w, out=out[lo:hi])
 
-    map_rows(forward_rows, N, D * xd.itemsize, like=xd, whole_runs=fused)
+    if fused:  # the same chain in one C++ pass per row, on the engine's threads (runtime/host)
+        fused_rows.rmsnorm_fwd(x2, w, xhat, out, r, eps_)
+    else:
+        map_rows(forward_rows, N, D * xd.itemsize, like=xd)
 
     def backward(g):
         g2 = g.reshape(-1, D)
@@ -656,8 +657,7 @@ def _rmsnorm_backward_fused(g2, xhat, w, r, x, want_w, has_weight):
     block_rows = len(range(*grid(0, N, D * xhat.itemsize)[0]))
     parts = np.zeros((-(-N // block_rows), D), np.float32) if want_w else None
     gx = _empty(xhat.shape, xhat.dtype, xhat) if x.requires_grad else None
-    map_rows(lambda lo, hi: fused_rows.rmsnorm_bwd(g2, xhat, w, r, gx, parts, lo, hi, block_rows),
-             N, D * xhat.itemsize, whole_runs=True)
+    fused_rows.rmsnorm_bwd(g2, xhat, w, r, gx, parts, block_rows)
     gw = sum_blocks(list(parts)) if want_w else None
     gx = gx.reshape(x.shape) if gx is not None else None
     return (gx, gw) if has_weight else (gx,)
@@ -733,7 +733,7 @@ def softmax_rows(xb, eb, sb, lseb):
     if fused_rows.usable(xb, eb, sb, lseb):  # max, exp, sum, log: one C++ pass per row
         if eb is not xb:
             eb[...] = xb
-        return fused_rows.softmax_exp_rows(eb, sb, lseb, 0, len(eb))
+        return fused_rows.softmax_exp_rows(eb, sb, lseb)
     xp = array_module(xb)
     m = xb.max(axis=1, keepdims=True)  # (rows, 1), not differentiated
     xp.subtract(xb, m, out=eb)
@@ -778,8 +778,10 @@ def cross_entropy(logits, targets, ignore_index=-100) -> Tensor:
     e = _empty(x.shape, x.dtype, x)  # exp(x - max), kept for backward (unnormalized)
     s = xp.empty((N, 1), dtype=x.dtype)  # its row sums
     lse = xp.empty((N, 1), dtype=x.dtype)
-    map_rows(lambda lo, hi: softmax_rows(x[lo:hi], e[lo:hi], s[lo:hi], lse[lo:hi]), N, V * x.itemsize, like=x,
-             whole_runs=fused_rows.usable(x, e))
+    if fused_rows.usable(x, e):  # one C++ pass per row, on the engine's threads
+        softmax_rows(x, e, s, lse)
+    else:
+        map_rows(lambda lo, hi: softmax_rows(x[lo:hi], e[lo:hi], s[lo:hi], lse[lo:hi]), N, V * x.itemsize, like=x)
     loss = mean_valid_loss(lse[:, 0] - x[rows, t_safe], valid, n_valid)
 
     def backward(g):

@@ -51,7 +51,7 @@ def _softmax(s, rows_q: int, scale, fused: bool) -> None:
     being query r % rows_q of a block whose last query sees all n_k keys."""
     n_k = s.shape[-1]
     if fused:
-        fused_rows.causal_softmax_fwd(s, 0, s.size // n_k, rows_q, scale)
+        fused_rows.causal_softmax_fwd(s, rows_q, scale)
         return
     xp = array_module(s)
     future = xp.arange(n_k)[None, :] > (n_k - rows_q + xp.arange(rows_q))[:, None]
@@ -66,7 +66,7 @@ def _softmax(s, rows_q: int, scale, fused: bool) -> None:
 def _softmax_backward(p, ds, rows_q: int, scale, fused: bool) -> None:
     """In place over ds = dP: dS = P * (dP - rowsum(dP * P)) * scale."""
     if fused:
-        fused_rows.causal_softmax_bwd(p, ds, 0, ds.size // ds.shape[-1], rows_q, scale)
+        fused_rows.causal_softmax_bwd(p, ds, rows_q, scale)
         return
     ds -= (ds * p).sum(axis=-1, keepdims=True)
     ds *= p

@@ -203,7 +203,7 @@ def rope(x: Tensor, cos, sin) -> Tensor:
             cos_t, sin_t = _rope_rows(cos, sin, H)
             return _rotate(a, cos_t, sign * sin_t)
         out = empty(a.shape, a.dtype, a)
-        map_rows(lambda lo, hi: fused_rows.rope(a, cos, sin, out, lo, hi, sign), B, a[0].nbytes, whole_runs=True)
+        fused_rows.rope(a, cos, sin, out, sign)
         return out
 
     return make_node(rotate(x.data, 1.0), (x,), lambda g: (rotate(g, -1.0),), "rope")
@@ -275,7 +275,7 @@ def attention_fwd(q, k, v):
         s = p[lo:hi]
         xp.matmul(qh[lo:hi], _keys_t(k[lo:hi]), out=s)  # (b, Hkv, G*Tq, Tk)
         if fused:  # scale, mask, max, exp, normalise: one C++ pass per row (runtime/host)
-            fused_rows.causal_softmax_fwd(s, 0, s.size // Tk, Tq, scale)
+            fused_rows.causal_softmax_fwd(s, Tq, scale)
         else:
             s *= scale
             s.reshape(hi - lo, Hkv, G, Tq, Tk)[...] += bias  # view: mask per (query, key)
@@ -342,14 +342,15 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     fused = fused_rows.usable(a2, u2)  # one C++ pass (runtime/host) instead of NumPy's five
 
     def forward_rows(lo, hi):
-        if fused:
-            return fused_rows.swiglu_fwd(a2, u2, out, lo * F, hi * F)
         a = a2[lo:hi]
         silu = _sigmoid(a)
         silu *= a
         xp.multiply(silu, u2[lo:hi], out=out[lo:hi])
 
-    map_rows(forward_rows, a2.shape[0], F * out.itemsize, like=out, whole_runs=fused)
+    if fused:
+        fused_rows.swiglu_fwd(a2, u2, out)
+    else:
+        map_rows(forward_rows, a2.shape[0], F * out.itemsize, like=out)
 
     def backward(g):
         g2 = g.reshape(-1, F)
@@ -358,8 +359,6 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
         fused_back = fused and fused_rows.usable(g2)
 
         def backward_rows(lo, hi):
-            if fused_back:
-                return fused_rows.swiglu_bwd(a2, u2, g2, dgate, dup, lo * F, hi * F)
             a, gb = a2[lo:hi], g2[lo:hi]
             sig = _sigmoid(a)
             one = sig.dtype.type(1.0)
@@ -375,7 +374,10 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
             d *= gb
             return None
 
-        map_rows(backward_rows, a2.shape[0], F * out.itemsize, like=out, whole_runs=fused_back)
+        if fused_back:
+            fused_rows.swiglu_bwd(a2, u2, g2, dgate, dup)
+        else:
+            map_rows(backward_rows, a2.shape[0], F * out.itemsize, like=out)
         return dgate.reshape(gate.shape), dup.reshape(up.shape)
 
     return make_node(out.reshape(gate.shape), (gate, up), backward, "swiglu")

@@ -62,7 +62,7 @@ from xtrain_lessons.runtime.allocator import empty
 
 __all__ = ["BLOCK_BYTES", "map_rows", "map_items", "matmul", "matmuls", "matmul_chunks", "map_chunks", "sum_blocks",
            "set_threads", "get_threads", "blocks", "grid", "runs", "split_items", "blas_threads",
-           "set_blas_threads", "blas_threads_set"]
+           "set_blas_threads", "blas_threads_set", "in_parallel_region"]
 
 BLOCK_BYTES = 128 * 1024  # per array and block: a few arrays of this fit in a 1-2 MiB L2
 MATMUL_SPLIT_FLOPS = 1 << 23  # below this a product is one call: splitting would cost more
@@ -349,15 +349,25 @@ def map_items(fn, sizes, *, like=None) -> list:
     return _run_spans(fn, groups)
 
 
+def in_parallel_region() -> bool:
+    """True on a pool worker, and on the calling thread while it runs its own span: work
+    started there runs on this thread alone (runtime/host's kernels too)."""
+    return getattr(_local, "worker", False) or getattr(_local, "region", False)
+
+
 def _run_spans(fn, spans):
     """fn on every span, the first on the calling thread, the others on the pool."""
     pool = _get_pool()
     futures = [pool.submit(fn, lo, hi) for lo, hi in spans[1:]]
     results, error = [], None
+    outer = getattr(_local, "region", False)
+    _local.region = True
     try:
         results.append(fn(*spans[0]))
     except BaseException as e:  # noqa: BLE001 - re-raised below, after the workers finish
         error = e
+    finally:
+        _local.region = outer
     for f in futures:
         try:
             results.append(f.result())

@@ -10,12 +10,88 @@
 //
 // Every function takes base pointers and a row range [lo, hi): Python passes addresses,
 // not slices. NumPy references of each function: fused_rows.py.
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
 typedef long long i64;
+
+// ------------------------------------------------------------------ the worker pool
+// Each exported kernel takes the cuts of its rows, [cuts[i], cuts[i+1]) for part i, one part
+// per thread (runs of whole grid blocks, chosen in Python: cpu_threads.runs). The caller runs
+// part 0; parts 1.. go to worker threads that wait for the next job spinning for a few tens
+// of microseconds (the next kernel of a step comes that soon), then asleep. A hand-over costs
+// about a microsecond, where waking a Python thread costs tens (T07 measures both).
+namespace pool {
+typedef void (*Body)(const void* ctx, i64 lo, i64 hi);
+struct Job { Body body; const void* ctx; const i64* cuts; int parts; };
+
+static Job job;
+static std::atomic<unsigned> generation{0};  // bumped once per job
+static std::atomic<int> pending{0};          // workers still on the current job
+static std::atomic<bool> busy{false};        // a job in flight: a second caller runs inline
+static int n_workers = 0;
+static pid_t owner = 0;  // a forked child has none of the parent's threads: it starts its own
+static const auto SPIN = std::chrono::microseconds(50);
+
+static inline void relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+// wait until `a` no longer holds `old`: spinning for SPIN, then asleep (a futex)
+template <class T> static T await_change(std::atomic<T>& a, T old) {
+    auto until = std::chrono::steady_clock::now() + SPIN;
+    for (;;) {
+        T now = a.load(std::memory_order_acquire);
+        if (now != old) return now;
+        if (std::chrono::steady_clock::now() < until) {
+            relax();
+        } else {
+            a.wait(old, std::memory_order_acquire);
+        }
+    }
+}
+
+static void worker(int index, unsigned seen) {
+    for (;;) {
+        seen = await_change(generation, seen);
+        if (index < job.parts) job.body(job.ctx, job.cuts[index], job.cuts[index + 1]);
+        if (pending.fetch_sub(1, std::memory_order_acq_rel) == 1) pending.notify_one();
+    }
+}
+
+static void run(Body body, const void* ctx, const i64* cuts, int parts) {
+    if (parts <= 1 || busy.exchange(true, std::memory_order_acquire)) {  // one part, or nested
+        for (int i = 0; i < parts; i++) body(ctx, cuts[i], cuts[i + 1]);
+        return;
+    }
+    if (owner != getpid()) { owner = getpid(); n_workers = 0; }
+    while (n_workers < parts - 1) {
+        n_workers++;
+        new std::thread(worker, n_workers, generation.load());  // never joined: lives with the process
+    }
+    job = Job{body, ctx, cuts, parts};
+    pending.store(n_workers, std::memory_order_relaxed);
+    generation.fetch_add(1, std::memory_order_release);
+    generation.notify_all();
+    body(ctx, cuts[0], cuts[1]);
+    for (int left = pending.load(std::memory_order_acquire); left != 0;) left = await_change(pending, left);
+    busy.store(false, std::memory_order_release);
+}
+}  // namespace pool
+
+template <class F> static void par(const i64* cuts, int parts, const F& f) {
+    pool::run([](const void* c, i64 lo, i64 hi) { (*(const F*)c)(lo, hi); }, &f, cuts, parts);
+}
 
 static const int LANES = 16;
 
@@ -93,7 +169,7 @@ static inline float sigmoid(float a) { return 1.0f / (1.0f + xt_exp(-a)); }
 
 // ------------------------------------------------------------------ RMSNorm
 // xhat = x * r, out = xhat * w (w may be null: out is not written), r = 1 / sqrt(mean(x^2) + eps)
-EXPORT void rmsnorm_fwd(const float* x, const float* w, float* xhat, float* out, float* r,
+static void rmsnorm_fwd_rows(const float* x, const float* w, float* xhat, float* out, float* r,
                         i64 lo, i64 hi, int D, float eps) {
     const float inv_d = 1.0f / (float)D;
     for (i64 row = lo; row < hi; row++) {
@@ -112,7 +188,7 @@ EXPORT void rmsnorm_fwd(const float* x, const float* w, float* xhat, float* out,
 // gx = r * (gh - xhat * mean(gh * xhat)), gh = g * w (gx may be null);
 // gw_parts[k] += g * xhat over the rows of block k (blocks of block_rows rows from row 0;
 // null: no weight gradient). [lo, hi) starts on a block, so no block has two writers.
-EXPORT void rmsnorm_bwd(const float* g, const float* xhat, const float* w, const float* r,
+static void rmsnorm_bwd_rows(const float* g, const float* xhat, const float* w, const float* r,
                         float* gx, float* gw_parts, i64 lo, i64 hi, int D, i64 block_rows) {
     const float inv_d = 1.0f / (float)D;
     float* tmp = new float[D];  // gh = g * w of one row
@@ -138,12 +214,12 @@ EXPORT void rmsnorm_bwd(const float* g, const float* xhat, const float* w, const
 }
 
 // ------------------------------------------------------------------ SwiGLU (elements [lo, hi))
-EXPORT void swiglu_fwd(const float* a, const float* u, float* out, i64 lo, i64 hi) {
+static void swiglu_fwd_rows(const float* a, const float* u, float* out, i64 lo, i64 hi) {
     for (i64 i = lo; i < hi; i++) out[i] = a[i] * sigmoid(a[i]) * u[i];
 }
 
 // du = g * silu(a), da = g * u * s * (1 + a * (1 - s)), s = sigmoid(a)
-EXPORT void swiglu_bwd(const float* a, const float* u, const float* g, float* da, float* du,
+static void swiglu_bwd_rows(const float* a, const float* u, const float* g, float* da, float* du,
                        i64 lo, i64 hi) {
     for (i64 i = lo; i < hi; i++) {
         float s = sigmoid(a[i]);
@@ -155,7 +231,7 @@ EXPORT void swiglu_bwd(const float* a, const float* u, const float* g, float* da
 // ------------------------------------------------------------------ RoPE (sequences [lo, hi))
 // x, out (B, T, H, D); cos, sin (T, D). Pair (i, i + D/2) of each head at position t:
 // o1 = x1 c - x2 s, o2 = x2 c + x1 s (sign = -1: the inverse rotation, the backward)
-EXPORT void rope(const float* x, const float* cos, const float* sin, float* out,
+static void rope_rows(const float* x, const float* cos, const float* sin, float* out,
                  i64 lo, i64 hi, int T, int H, int D, float sign) {
     const int h = D / 2;
     for (i64 b = lo; b < hi; b++)
@@ -177,7 +253,7 @@ EXPORT void rope(const float* x, const float* cos, const float* sin, float* out,
 // ------------------------------------------------------------------ causal softmax
 // Rows of scores (n_rows, Tk); row q's query sits at absolute position Tk - Tq + (q % Tq) and
 // sees keys 0 .. that position. In place: p = softmax(s * scale) over the keys it sees, 0 after.
-EXPORT void causal_softmax_fwd(float* s, i64 lo, i64 hi, int Tq, int Tk, float scale) {
+static void causal_softmax_fwd_rows(float* s, i64 lo, i64 hi, int Tq, int Tk, float scale) {
     for (i64 row = lo; row < hi; row++) {
         float* x = s + row * Tk;
         int n = Tk - Tq + (int)(row % Tq) + 1;
@@ -191,7 +267,7 @@ EXPORT void causal_softmax_fwd(float* s, i64 lo, i64 hi, int Tq, int Tk, float s
 }
 
 // In place over dp: ds = p * (dp - sum(dp * p)) * scale on the keys a row sees, 0 after.
-EXPORT void causal_softmax_bwd(const float* p, float* dp, i64 lo, i64 hi, int Tq, int Tk, float scale) {
+static void causal_softmax_bwd_rows(const float* p, float* dp, i64 lo, i64 hi, int Tq, int Tk, float scale) {
     for (i64 row = lo; row < hi; row++) {
         const float* pr = p + row * Tk;
         float* d = dp + row * Tk;
@@ -204,7 +280,7 @@ EXPORT void causal_softmax_bwd(const float* p, float* dp, i64 lo, i64 hi, int Tq
 
 // ------------------------------------------------------------------ cross-entropy rows
 // In place: x (n_rows, V) becomes exp(x - max); s = its row sums, lse = max + log(s).
-EXPORT void softmax_exp_rows(float* x, float* s, float* lse, i64 lo, i64 hi, int V) {
+static void softmax_exp_rows_rows(float* x, float* s, float* lse, i64 lo, i64 hi, int V) {
     for (i64 row = lo; row < hi; row++) {
         float* xr = x + row * V;
         float m = row_max(xr, V);
@@ -230,4 +306,43 @@ EXPORT void adamw(float* p, const float* g, float* m, float* v, i64 lo, i64 hi, 
         m[i] = mi;
         v[i] = vi;
     }
+}
+
+
+// ------------------------------------------------------------------ the exported kernels
+// Each runs its rows (elements, for SwiGLU) on the pool: part i gets [cuts[i], cuts[i+1]).
+EXPORT void rmsnorm_fwd(const float* x, const float* w, float* xhat, float* out, float* r, int D, float eps,
+                        const i64* cuts, int parts) {
+    par(cuts, parts, [&](i64 lo, i64 hi) { rmsnorm_fwd_rows(x, w, xhat, out, r, lo, hi, D, eps); });
+}
+
+EXPORT void rmsnorm_bwd(const float* g, const float* xhat, const float* w, const float* r, float* gx,
+                        float* gw_parts, int D, i64 block_rows, const i64* cuts, int parts) {
+    par(cuts, parts, [&](i64 lo, i64 hi) { rmsnorm_bwd_rows(g, xhat, w, r, gx, gw_parts, lo, hi, D, block_rows); });
+}
+
+EXPORT void swiglu_fwd(const float* a, const float* u, float* out, const i64* cuts, int parts) {
+    par(cuts, parts, [&](i64 lo, i64 hi) { swiglu_fwd_rows(a, u, out, lo, hi); });
+}
+
+EXPORT void swiglu_bwd(const float* a, const float* u, const float* g, float* da, float* du, const i64* cuts,
+                       int parts) {
+    par(cuts, parts, [&](i64 lo, i64 hi) { swiglu_bwd_rows(a, u, g, da, du, lo, hi); });
+}
+
+EXPORT void rope(const float* x, const float* cos, const float* sin, float* out, int T, int H, int D, float sign,
+                 const i64* cuts, int parts) {
+    par(cuts, parts, [&](i64 lo, i64 hi) { rope_rows(x, cos, sin, out, lo, hi, T, H, D, sign); });
+}
+
+EXPORT void causal_softmax_fwd(float* s, int Tq, int Tk, float scale, const i64* cuts, int parts) {
+    par(cuts, parts, [&](i64 lo, i64 hi) { causal_softmax_fwd_rows(s, lo, hi, Tq, Tk, scale); });
+}
+
+EXPORT void causal_softmax_bwd(const float* p, float* dp, int Tq, int Tk, float scale, const i64* cuts, int parts) {
+    par(cuts, parts, [&](i64 lo, i64 hi) { causal_softmax_bwd_rows(p, dp, lo, hi, Tq, Tk, scale); });
+}
+
+EXPORT void softmax_exp_rows(float* x, float* s, float* lse, int V, const i64* cuts, int parts) {
+    par(cuts, parts, [&](i64 lo, i64 hi) { softmax_exp_rows_rows(x, s, lse, lo, hi, V); });
 }

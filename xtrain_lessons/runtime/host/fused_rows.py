@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from xtrain_lessons.runtime import cpu_threads
 from xtrain_lessons.runtime.cuda.emulator import KernelError, build_host_library
 
 __all__ = ["SOURCE", "FLAGS", "usable", "available", "enabled", "disabled", "library",
@@ -38,21 +39,21 @@ __all__ = ["SOURCE", "FLAGS", "usable", "available", "enabled", "disabled", "lib
            "ref_rope", "ref_causal_softmax_fwd", "ref_causal_softmax_bwd", "ref_softmax_exp_rows"]
 
 SOURCE = Path(__file__).with_name("fused_rows.cpp")
-FLAGS = ("-std=c++17", "-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math",
+FLAGS = ("-std=c++20", "-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math",
          "-mprefer-vector-width=512",
-         "-shared", "-fPIC", "-fvisibility=hidden")
+         "-shared", "-fPIC", "-fvisibility=hidden", "-pthread")
 
 P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {
     "exp_rows": (P, P, I64),
-    "rmsnorm_fwd": (P, P, P, P, P, I64, I64, I32, F32),
-    "rmsnorm_bwd": (P, P, P, P, P, P, I64, I64, I32, I64),
-    "swiglu_fwd": (P, P, P, I64, I64),
-    "swiglu_bwd": (P, P, P, P, P, I64, I64),
-    "rope": (P, P, P, P, I64, I64, I32, I32, I32, F32),
-    "causal_softmax_fwd": (P, I64, I64, I32, I32, F32),
-    "causal_softmax_bwd": (P, P, I64, I64, I32, I32, F32),
-    "softmax_exp_rows": (P, P, P, I64, I64, I32),
+    "rmsnorm_fwd": (P, P, P, P, P, I32, F32, P, I32),
+    "rmsnorm_bwd": (P, P, P, P, P, P, I32, I64, P, I32),
+    "swiglu_fwd": (P, P, P, P, I32),
+    "swiglu_bwd": (P, P, P, P, P, P, I32),
+    "rope": (P, P, P, P, I32, I32, I32, F32, P, I32),
+    "causal_softmax_fwd": (P, I32, I32, F32, P, I32),
+    "causal_softmax_bwd": (P, P, I32, I32, F32, P, I32),
+    "softmax_exp_rows": (P, P, P, I32, P, I32),
     "adamw": (P, P, P, P, I64, I64, F32, I32, F32, F32, F32, F32, F32, F32),
 }
 
@@ -132,50 +133,73 @@ def _p(a):
 
 
 # ------------------------------------------------------------------ the launchers
+def _cuts(n_rows: int, row_bytes: int, block_rows: int | None = None):
+    """(cuts, parts): the runs of rows of the engine's threads (cpu_threads.runs: whole grid
+    blocks, one run per thread), as int64 boundaries for the C++ pool; one run inside a
+    parallel region (the thread is one of several already at work)."""
+    threads = 1 if cpu_threads.in_parallel_region() else cpu_threads.get_threads()
+    if threads <= 1 or n_rows <= 0:
+        return np.array([0, max(n_rows, 0)], np.int64), 1
+    block_bytes = block_rows * row_bytes if block_rows else cpu_threads.BLOCK_BYTES
+    spans = cpu_threads.runs(n_rows, row_bytes, block_bytes, threads)
+    return np.array([lo for lo, _ in spans] + [spans[-1][1]], np.int64), len(spans)
+
+
+def _run(name, *args, n_rows, row_bytes, block_rows=None):
+    cuts, parts = _cuts(n_rows, row_bytes, block_rows)
+    getattr(library(), name)(*args, cuts.ctypes.data, parts)
+
+
 def exp(x: np.ndarray) -> np.ndarray:
     y = np.empty_like(x)
     library().exp_rows(_p(x), _p(y), x.size)
     return y
 
 
-def rmsnorm_fwd(x, w, xhat, out, r, lo, hi, eps):
-    """x, xhat, out (N, D), w (D,) or None, r (N,) or (N, 1): rows lo..hi-1."""
-    library().rmsnorm_fwd(_p(x), _p(w), _p(xhat), _p(out), _p(r), lo, hi, x.shape[-1], float(eps))
+def rmsnorm_fwd(x, w, xhat, out, r, eps):
+    """x, xhat, out (N, D), w (D,) or None (out is then not written), r (N,) or (N, 1)."""
+    N, D = x.shape
+    _run("rmsnorm_fwd", _p(x), _p(w), _p(xhat), _p(out), _p(r), D, float(eps), n_rows=N, row_bytes=D * 4)
 
 
-def rmsnorm_bwd(g, xhat, w, r, gx, gw_parts, lo, hi, block_rows):
-    """gw_parts (n_blocks, D), zeroed by the caller, or None; gx (N, D) or None."""
-    library().rmsnorm_bwd(_p(g), _p(xhat), _p(w), _p(r), _p(gx), _p(gw_parts), lo, hi, xhat.shape[-1],
-                          block_rows)
+def rmsnorm_bwd(g, xhat, w, r, gx, gw_parts, block_rows):
+    """gx (N, D) or None; gw_parts (n_blocks, D), zeroed by the caller, or None: block k's
+    partial sum of g * xhat over rows k*block_rows .. (k+1)*block_rows - 1."""
+    N, D = xhat.shape
+    _run("rmsnorm_bwd", _p(g), _p(xhat), _p(w), _p(r), _p(gx), _p(gw_parts), D, block_rows,
+         n_rows=N, row_bytes=D * 4, block_rows=block_rows)
 
 
-def swiglu_fwd(a, u, out, lo, hi):
-    """Flat element range lo..hi-1 of same-shaped arrays."""
-    library().swiglu_fwd(_p(a), _p(u), _p(out), lo, hi)
+def swiglu_fwd(a, u, out):
+    """out = silu(a) * u for same-shaped arrays."""
+    _run("swiglu_fwd", _p(a), _p(u), _p(out), n_rows=a.size, row_bytes=4)
 
 
-def swiglu_bwd(a, u, g, da, du, lo, hi):
-    library().swiglu_bwd(_p(a), _p(u), _p(g), _p(da), _p(du), lo, hi)
+def swiglu_bwd(a, u, g, da, du):
+    _run("swiglu_bwd", _p(a), _p(u), _p(g), _p(da), _p(du), n_rows=a.size, row_bytes=4)
 
 
-def rope(x, cos, sin, out, lo, hi, sign=1.0):
-    """x, out (B, T, H, D); cos, sin (T, D); sequences lo..hi-1."""
-    _, T, H, D = x.shape
-    library().rope(_p(x), _p(cos), _p(sin), _p(out), lo, hi, T, H, D, float(sign))
+def rope(x, cos, sin, out, sign=1.0):
+    """x, out (B, T, H, D); cos, sin (T, D); sign -1: the inverse rotation."""
+    B, T, H, D = x.shape
+    _run("rope", _p(x), _p(cos), _p(sin), _p(out), T, H, D, float(sign), n_rows=B, row_bytes=T * H * D * 4)
 
 
-def causal_softmax_fwd(s, lo, hi, Tq, scale):
-    """s (..., Tk) seen as rows, row q's query at position Tk - Tq + q % Tq; rows lo..hi-1."""
-    library().causal_softmax_fwd(_p(s), lo, hi, Tq, s.shape[-1], float(scale))
+def causal_softmax_fwd(s, Tq, scale):
+    """In place over s (..., Tk) seen as rows, row q's query at position Tk - Tq + q % Tq."""
+    Tk = s.shape[-1]
+    _run("causal_softmax_fwd", _p(s), Tq, Tk, float(scale), n_rows=s.size // Tk, row_bytes=Tk * 4)
 
 
-def causal_softmax_bwd(p, dp, lo, hi, Tq, scale):
-    library().causal_softmax_bwd(_p(p), _p(dp), lo, hi, Tq, p.shape[-1], float(scale))
+def causal_softmax_bwd(p, dp, Tq, scale):
+    Tk = p.shape[-1]
+    _run("causal_softmax_bwd", _p(p), _p(dp), Tq, Tk, float(scale), n_rows=p.size // Tk, row_bytes=Tk * 4)
 
 
-def softmax_exp_rows(x, s, lse, lo, hi):
+def softmax_exp_rows(x, s, lse):
     """x (N, V) -> exp(x - max) in place; s, lse (N,) or (N, 1)."""
-    library().softmax_exp_rows(_p(x), _p(s), _p(lse), lo, hi, x.shape[-1])
+    N, V = x.shape
+    _run("softmax_exp_rows", _p(x), _p(s), _p(lse), V, n_rows=N, row_bytes=V * 4)
 
 
 def adamw(theta, grad, m, v, lr, b1, b2, eps, wd, bc1, bc2_sqrt):
