@@ -14,7 +14,8 @@ CONDA_ONLY = {"python", "pip", "cxx-compiler"}
 
 
 def _name_and_bound(requirement: str) -> tuple[str, str]:
-    m = re.match(r"^([A-Za-z0-9_.\-]+)\s*(.*)$", requirement.strip())
+    """(name, version bound) of a requirement; an environment marker (`; platform_...`) is dropped."""
+    m = re.match(r"^([A-Za-z0-9_.\-]+)\s*(.*)$", requirement.split(";")[0].strip())
     name = m.group(1).lower().replace("_", "-")
     return name, m.group(2).replace(" ", "")
 

@@ -26,7 +26,7 @@ import numpy as np
 from xtrain_lessons.autograd import ops
 from xtrain_lessons.autograd.tensor import Tensor, make_node
 from xtrain_lessons.model import causal_blocks
-from xtrain_lessons.runtime import cpu_threads
+from xtrain_lessons.runtime import blas, cpu_threads
 from xtrain_lessons.runtime.allocator import empty  # np.empty, or the engine allocator's (T11)
 from xtrain_lessons.runtime.cpu_threads import map_rows
 from xtrain_lessons.runtime.host import fused_rows
@@ -91,7 +91,7 @@ def linear_cross_entropy(x: Tensor, w: Tensor, targets, ignore_index: int = -100
     wt = xp.ascontiguousarray(w.data.T)  # (in, V): see linear
 
     def forward_chunk(lo, hi):
-        xp.matmul(x2[lo:hi], wt, out=buf[lo:hi])
+        blas.gemm(x2[lo:hi], wt, buf[lo:hi])  # MKL's sgemm or np.matmul (runtime/blas.py)
         hit[lo:hi, 0] = buf[rows[lo:hi], t_safe[lo:hi]]  # the target's logit
         if fused:  # one C++ pass per row (runtime/host): no need for cache-sized blocks
             return ops.softmax_rows(buf[lo:hi], buf[lo:hi], s[lo:hi], lse[lo:hi])

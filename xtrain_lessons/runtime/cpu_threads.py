@@ -58,6 +58,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from xtrain_lessons.runtime import blas
 from xtrain_lessons.runtime.allocator import empty
 
 __all__ = ["BLOCK_BYTES", "map_rows", "map_items", "matmul", "matmuls", "matmul_chunks", "map_chunks", "sum_blocks",
@@ -264,7 +265,8 @@ def matmuls(*pairs, outs=None):
     """[a @ b for a, b in pairs] in ONE hand-over to the threads (a linear layer's backward:
     dx and dW together). Every product is cut into its fixed row chunks (`matmul_chunks`);
     each thread takes the next chunk nobody has started, largest first, until none is left.
-    A chunk is one np.matmul call with OpenBLAS on one thread, the same call whichever thread
+    A chunk is one `blas.gemm` call (MKL's sgemm when installed, else np.matmul with OpenBLAS)
+    on one thread, the same call whichever thread
     makes it, so the result does not depend on the thread count. (Cutting the rows by thread
     count instead would not do: OpenBLAS picks its kernel by the size of the product, and
     on some CPUs another kernel sums in another order — measured in tests/test_rowwise.py.)"""
@@ -281,9 +283,9 @@ def matmuls(*pairs, outs=None):
     with _blas_single():
         if _threads == 1 or len(tasks) == 1 or getattr(_local, "worker", False):
             for _, a, b, out in tasks:
-                np.matmul(a, b, out=out)
+                blas.gemm(a, b, out)
         else:
-            _run_tasks([lambda a=a, b=b, out=out: np.matmul(a, b, out=out) for _, a, b, out in tasks])
+            _run_tasks([lambda a=a, b=b, out=out: blas.gemm(a, b, out) for _, a, b, out in tasks])
     return outs
 
 
