@@ -13,7 +13,7 @@ compilation, reported and excluded), then `--rounds` rounds of one block per ste
 (`--steps` timed steps each, after one untimed step), so that all see the same machine load
 without one's idle worker threads slowing the other's step. Reports the median tokens/s of
 each, their FLOP/s against the machine's measured float32 matmul peak (the best of a large
-``np.matmul`` before and after), i.e. the model FLOPs utilisation (MFU), and the peak memory
+``np.matmul`` and of the engine's own matmul, before and after), i.e. the model FLOPs utilisation (MFU), and the peak memory
 of one more step as the growth of the process's resident set (`peak_rss_delta`). Last line:
 
     throughput vs torch: eager R.RRx, sdpa R.RRx, compile R.RRx (engine E tok/s, MFU M%)
@@ -24,8 +24,9 @@ and weighted sum, forward 2×, backward 4×, over the full T×T square the compo
 attention computes; the same count for every baseline).
 
 Threads: ``--threads N`` sets the engine's threads (``cpu_threads.set_blas_threads``: its
-matmuls and row blocks are split over them, OpenBLAS single-threaded inside), NumPy's
-OpenBLAS for the sgemm peak, and torch's; default: the CPU count.
+matmuls and row blocks are split over them, the BLAS single-threaded inside: MKL when
+installed, else OpenBLAS, runtime/blas.py), NumPy's OpenBLAS for the sgemm peak, and torch's;
+default: the CPU count.
 """
 
 from __future__ import annotations
@@ -40,22 +41,26 @@ import numpy as np
 
 from xtrain_lessons.measure.torch_twin import KINDS, torch_stepper
 from xtrain_lessons.model.qwen3 import PRESETS, Model
+from xtrain_lessons.runtime import blas, cpu_threads
 from xtrain_lessons.runtime.cpu_threads import blas_threads, set_blas_threads
 from xtrain_lessons.training.optim import AdamW, clip_grad_norm
 
 # ----- measurements ----------------------------------------------------------------------
 
 def sgemm_peak(n: int = 1536, reps: int = 5) -> float:
-    """FLOP/s of the best of `reps` float32 (n×n)·(n×n) np.matmul calls (2n³ FLOPs each)."""
+    """FLOP/s of the best of `reps` float32 (n×n)·(n×n) products (2n³ FLOPs each), the better
+    of NumPy's np.matmul and the engine's own (`cpu_threads.matmul`: MKL when installed,
+    runtime/blas.py): the fastest matmul this machine offers the engine."""
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
-    np.matmul(a, b)  # warm-up
     best = math.inf
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        np.matmul(a, b)
-        best = min(best, time.perf_counter() - t0)
+    for product in (np.matmul, cpu_threads.matmul):
+        product(a, b)  # warm-up
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            product(a, b)
+            best = min(best, time.perf_counter() - t0)
     return 2.0 * n ** 3 / best
 
 
@@ -186,7 +191,8 @@ def run_train_bench(args) -> int:
     set_blas_threads(threads)
     print(f"threads: {threads} (NumPy BLAS reports {blas_threads()}; torch gets the same)")
     peak = sgemm_peak(args.peak_n)
-    print(f"sgemm peak (np.matmul float32 {args.peak_n}^3, best of 5): {peak / 1e9:.1f} GFLOP/s")
+    print(f"engine matmuls: {blas.name()}; sgemm peak (float32 {args.peak_n}^3, best of np.matmul and "
+          f"the engine's): {peak / 1e9:.1f} GFLOP/s")
     fpt = train_flops_per_token(config, T)
     print(f"model FLOPs per trained token: {fpt / 1e6:.1f} MFLOP")
 
