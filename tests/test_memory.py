@@ -173,3 +173,23 @@ def test_engine_allocator_is_off_by_default_and_bit_identical_when_on():
     for loss, grads in (first, second):
         assert loss == plain_loss
         assert all(np.array_equal(grads[k], plain_grads[k]) for k in grads)
+
+
+def test_keep_freed_memory_reuses_large_buffers_without_page_faults():
+    import resource  # noqa: PLC0415
+
+    from xtrain_lessons.runtime.allocator import keep_freed_memory  # noqa: PLC0415
+
+    if not keep_freed_memory():
+        pytest.skip("no glibc mallopt here")
+
+    def faults_of_a_second_buffer():
+        a = np.empty(48 << 18, np.float32)  # 48 MiB: above glibc's largest default mmap threshold
+        a[:] = 1
+        del a
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        b = np.empty(48 << 18, np.float32)
+        b[:] = 1
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    assert faults_of_a_second_buffer() < 64  # 12288 pages of 4 KiB if it came back from the kernel

@@ -42,6 +42,7 @@ import numpy as np
 from xtrain_lessons.measure.torch_twin import KINDS, torch_stepper
 from xtrain_lessons.model.qwen3 import PRESETS, Model
 from xtrain_lessons.runtime import blas, cpu_threads
+from xtrain_lessons.runtime.allocator import keep_freed_memory
 from xtrain_lessons.runtime.cpu_threads import blas_threads, set_blas_threads
 from xtrain_lessons.training.optim import AdamW, clip_grad_norm
 
@@ -189,6 +190,7 @@ def run_train_bench(args) -> int:
           f"{args.steps} timed steps, {os.cpu_count()} CPUs")
     threads = args.threads or os.cpu_count() or 1
     set_blas_threads(threads)
+    keep_freed_memory()  # as xtrain train does; the torch baselines in this process get it too
     print(f"threads: {threads} (NumPy BLAS reports {blas_threads()}; torch gets the same)")
     peak = sgemm_peak(args.peak_n)
     print(f"engine matmuls: {blas.name()}; sgemm peak (float32 {args.peak_n}^3, best of np.matmul and "

@@ -86,6 +86,7 @@ from xtrain_lessons.parallel.ddp import (
     setup_from_env,
 )
 from xtrain_lessons.runtime import cpu_threads
+from xtrain_lessons.runtime.allocator import keep_freed_memory
 from xtrain_lessons.runtime.device import array_module, get_device, to_device
 from xtrain_lessons.training.bpe_hf import load_tokenizer_impl, train_tokenizer_impl
 from xtrain_lessons.training.checkpoint import (
@@ -268,6 +269,7 @@ class Trainer:
     # ----- setup -------------------------------------------------------------------------
     def setup(self) -> None:
         """Process group, tokenizer, data, model and optimizer."""
+        keep_freed_memory()  # the same buffers every step: no page faults for them (runtime/allocator)
         self.dir.path.mkdir(parents=True, exist_ok=True)
         self.group_existed = collectives.is_initialized()
         self.dp = setup_from_env()  # T17: (rank, world size) under `xtrain launch` / torchrun
