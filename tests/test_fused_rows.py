@@ -272,3 +272,17 @@ def test_a_forked_child_starts_its_own_workers():
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def test_square_attention_is_causal_attention_over_the_whole_square():
+    q, k, v = (Tensor(_randn(2, 70, 4, 8, seed=s), requires_grad=True) for s in (26, 27, 28))
+    g = _randn(2, 70, 4, 8, seed=29)
+    outs = []
+    for attn in (layers.causal_attention, layers.square_attention):
+        for t in (q, k, v):
+            t.grad = None
+        y = attn(q, k, v)
+        y.backward(g)
+        outs.append([y.data, q.grad, k.grad, v.grad])
+    for a, b in zip(*outs):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

@@ -73,8 +73,9 @@ def _softmax_backward(p, ds, rows_q: int, scale, fused: bool) -> None:
     ds *= scale
 
 
-def causal_forward(q, k, v, block: int | None = None):
-    """(out (B, Tq, H, D), blocks, probs) for arrays q (B, Tq, H, D), k, v (B, Tk, Hkv, D)."""
+def causal_forward(q, k, v, block: int | None = None, numpy_path: bool = False):
+    """(out (B, Tq, H, D), blocks, probs) for arrays q (B, Tq, H, D), k, v (B, Tk, Hkv, D).
+    numpy_path: NumPy's batched matmuls and softmax even where runtime/host's C++ could run."""
     xp = array_module(q)
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
@@ -85,7 +86,10 @@ def causal_forward(q, k, v, block: int | None = None):
     out = empty((B, Tq, H, D), q.dtype, q)
     q5, out5 = q.reshape(B, Tq, Hkv, G, D), out.reshape(B, Tq, Hkv, G, D)
     vh = v.transpose(0, 2, 1, 3)  # (B, Hkv, Tk, D), a view
-    fused = fused_rows.usable(*probs)
+    fused = fused_rows.usable(*probs) and not numpy_path
+    if fused and fused_rows.attention_usable(q, k, v, out):  # the same blocks in C++, no copies
+        fused_rows.attention_fwd(q, k, v, out, probs, blocks, scale)
+        return out, blocks, probs
 
     def batch_rows(lo, hi):  # sequences lo..hi-1, block by block
         kt = _keys_t(k[lo:hi])
@@ -100,7 +104,7 @@ def causal_forward(q, k, v, block: int | None = None):
     return out, blocks, probs
 
 
-def causal_backward(q, k, v, g, blocks, probs):
+def causal_backward(q, k, v, g, blocks, probs, numpy_path: bool = False):
     """(dq, dk, dv) for the upstream gradient g (B, Tq, H, D) of causal_forward's output."""
     xp = array_module(g)
     B, Tq, H, D = q.shape
@@ -110,7 +114,10 @@ def causal_backward(q, k, v, g, blocks, probs):
     dq, dk, dv = empty(q.shape, g.dtype, g), empty(k.shape, g.dtype, g), empty(v.shape, g.dtype, g)
     q5, g5, dq5 = (x.reshape(B, Tq, Hkv, G, D) for x in (q, g, dq))
     kh = k.transpose(0, 2, 1, 3)  # (B, Hkv, Tk, D), a view
-    fused = fused_rows.usable(*probs) and g.dtype == probs[0].dtype
+    fused = fused_rows.usable(*probs) and g.dtype == probs[0].dtype and not numpy_path
+    if fused and fused_rows.attention_usable(q, k, v, g):
+        fused_rows.attention_bwd(q, k, v, g, probs, blocks, scale, dq, dk, dv)
+        return dq, dk, dv
     order = sorted(range(len(blocks)), key=lambda i: -blocks[i][2])  # the block seeing all keys first
 
     def batch_rows(lo, hi):

@@ -301,15 +301,26 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     The P^T dO and dS^T Q products sum over a group's query heads by themselves. The work runs
     on blocks of queries, each multiplied by the keys it sees only (model/causal_blocks.py).
     """
+    return _attention_node(q, k, v, None, False, "causal_attention")
+
+
+def square_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """causal_attention over the whole (T, T) square of scores, in NumPy: composed attention as
+    T05 builds it (P and dP as large as the square), the baseline T14 measures flash attention
+    against. The engine's causal_attention skips the masked blocks and runs in C++ (T07)."""
+    return _attention_node(q, k, v, q.shape[1], True, "square_attention")
+
+
+def _attention_node(q, k, v, block, numpy_path, op):
     _check_shapes(q, k, v)
     if q.shape[1] == 0:
-        raise ValueError(f"causal_attention: no queries in q {q.shape}")
-    out, blocks, probs = causal_blocks.causal_forward(q.data, k.data, v.data)
+        raise ValueError(f"{op}: no queries in q {q.shape}")
+    out, blocks, probs = causal_blocks.causal_forward(q.data, k.data, v.data, block, numpy_path)
 
     def backward(g):
-        return causal_blocks.causal_backward(q.data, k.data, v.data, g, blocks, probs)
+        return causal_blocks.causal_backward(q.data, k.data, v.data, g, blocks, probs, numpy_path)
 
-    return make_node(out, (q, k, v), backward, "causal_attention")
+    return make_node(out, (q, k, v), backward, op)
 
 
 # ----------------------------------------------------------------------------------------

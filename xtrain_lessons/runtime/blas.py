@@ -26,13 +26,14 @@ import contextlib
 import ctypes
 import os
 import platform
+import re
 import sys
 import threading
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["gemm", "name", "mkl_loaded", "numpy_only", "mkl_path"]
+__all__ = ["gemm", "name", "mkl_loaded", "numpy_only", "mkl_path", "openblas_libraries", "sgemm_address"]
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _SEQUENTIAL = 1  # MKL_THREADING_SEQUENTIAL
@@ -103,6 +104,40 @@ def name() -> str:
         return f"NumPy ({info.get('name', 'BLAS')} {info.get('version', '')})".replace(" )", ")")
     except Exception:  # noqa: BLE001 - only a label
         return "NumPy"
+
+
+def openblas_libraries() -> list:
+    """The OpenBLAS libraries loaded in this process (NumPy's first), as ctypes.CDLL."""
+    try:
+        maps = open("/proc/self/maps", encoding="utf-8").read()  # Linux: the loaded libraries
+    except OSError:
+        return []
+    paths = sorted(set(re.findall(r"(/\S*openblas\S*\.so\S*)", maps)), key=lambda p: "numpy" not in p)
+    libs = []
+    for path in paths:
+        try:
+            libs.append(ctypes.CDLL(path))
+        except OSError:
+            continue
+    return libs
+
+
+_SGEMM_SYMBOLS = (("scipy_cblas_sgemm64_", True), ("cblas_sgemm64_", True), ("scipy_cblas_sgemm", False),
+                  ("cblas_sgemm", False))
+
+
+def sgemm_address() -> tuple[int, bool] | None:
+    """(address, 64-bit integers?) of the CBLAS sgemm the engine uses — MKL's when loaded, else
+    NumPy's OpenBLAS's — for C++ that multiplies by itself (runtime/host's attention); None
+    when there is none to be found (then the engine keeps NumPy's batched matmuls)."""
+    lib = _mkl()
+    if lib is not None:
+        return ctypes.cast(lib.cblas_sgemm, ctypes.c_void_p).value, False
+    for lib in openblas_libraries():
+        for symbol, wide in _SGEMM_SYMBOLS:
+            if hasattr(lib, symbol):
+                return ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value, wide
+    return None
 
 
 def _layout(x):

@@ -50,9 +50,7 @@ needed. One set of threads for everything, as torch has with OpenMP. On CuPy arr
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
-import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -63,7 +61,7 @@ from xtrain_lessons.runtime.allocator import empty
 
 __all__ = ["BLOCK_BYTES", "map_rows", "map_items", "matmul", "matmuls", "matmul_chunks", "map_chunks", "sum_blocks",
            "set_threads", "get_threads", "blocks", "grid", "runs", "split_items", "blas_threads",
-           "set_blas_threads", "blas_threads_set", "in_parallel_region"]
+           "set_blas_threads", "blas_threads_set", "in_parallel_region", "one_blas_thread"]
 
 BLOCK_BYTES = 128 * 1024  # per array and block: a few arrays of this fit in a 1-2 MiB L2
 MATMUL_SPLIT_FLOPS = 1 << 23  # below this a product is one call: splitting would cost more
@@ -93,15 +91,7 @@ def _blas():
     global _blas_fns
     if _blas_fns is None:
         getters, setters = [], []
-        try:
-            maps = open("/proc/self/maps", encoding="utf-8").read()  # Linux: loaded libraries
-        except OSError:
-            maps = ""
-        for path in sorted(set(re.findall(r"(/\S*openblas\S*\.so\S*)", maps))):
-            try:
-                lib = ctypes.CDLL(path)
-            except OSError:
-                continue
+        for lib in blas.openblas_libraries():
             for names, found in ((_GETTERS, getters), (_SETTERS, setters)):
                 fn = next((getattr(lib, n) for n in names if hasattr(lib, n)), None)
                 if fn is not None:
@@ -135,6 +125,12 @@ def _blas_single():
     finally:
         if before and before > 1:
             _set_blas_only(before)
+
+
+def one_blas_thread():
+    """Context manager: OpenBLAS on one thread inside the block (for code that calls BLAS from
+    several threads of its own: runtime/host's attention), its own setting back afterwards."""
+    return _blas_single()
 
 
 def set_blas_threads(n: int) -> bool:

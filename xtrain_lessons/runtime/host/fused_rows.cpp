@@ -12,6 +12,7 @@
 // not slices. NumPy references of each function: fused_rows.py.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -345,4 +346,98 @@ EXPORT void causal_softmax_bwd(const float* p, float* dp, int Tq, int Tk, float 
 
 EXPORT void softmax_exp_rows(float* x, float* s, float* lse, int V, const i64* cuts, int parts) {
     par(cuts, parts, [&](i64 lo, i64 hi) { softmax_exp_rows_rows(x, s, lse, lo, hi, V); });
+}
+
+// ------------------------------------------------------------------ causal attention, by blocks
+// model/causal_blocks.py's algorithm with no Python between the matmuls: one task per
+// (sequence, kv head), every product a CBLAS sgemm on the arrays' own layout (leading
+// dimensions H*D and Hkv*D: no copies), the causal softmax of each query block in between.
+// The sgemm is the one runtime/blas.py chose (MKL's or NumPy's OpenBLAS's), set from Python.
+typedef void (*sgemm32_t)(int, int, int, int, int, int, float, const float*, int, const float*, int, float,
+                          float*, int);
+typedef void (*sgemm64_t)(int, int, int, i64, i64, i64, float, const float*, i64, const float*, i64, float,
+                          float*, i64);
+static void* g_sgemm = nullptr;
+static int g_sgemm_int64 = 0;
+
+EXPORT void set_sgemm(void* fn, int int64) {
+    g_sgemm = fn;
+    g_sgemm_int64 = int64;
+}
+
+// C = A·B (+ beta·C), A (M, K) or its transpose, row-major with the given leading dimensions
+static void sgemm(bool ta, bool tb, i64 M, i64 N, i64 K, const float* A, i64 lda, const float* B, i64 ldb,
+                  float beta, float* C, i64 ldc) {
+    const int row_major = 101, TA = ta ? 112 : 111, TB = tb ? 112 : 111;
+    if (g_sgemm_int64)
+        ((sgemm64_t)g_sgemm)(row_major, TA, TB, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+    else
+        ((sgemm32_t)g_sgemm)(row_major, TA, TB, (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb, beta, C,
+                             (int)ldc);
+}
+
+struct Attention {  // the shapes, the query blocks and the probability buffer of each block
+    int B, Tq, Tk, H, Hkv, D, n_blocks;
+    const i64 *qa, *qb, *nk;
+    float* const* probs;  // block i: (B, Hkv, G*(qb-qa), nk), rows ordered (query head of the group, query)
+    float scale;
+    int G() const { return H / Hkv; }
+    float* p(int i, i64 b, int j, int g) const {
+        i64 rows = qb[i] - qa[i];
+        return probs[i] + (((b * Hkv + j) * G() + g) * rows) * nk[i];
+    }
+};
+
+EXPORT void attention_fwd(const float* q, const float* k, const float* v, float* out, float* const* probs,
+                          const i64* qa, const i64* qb, const i64* nk, int n_blocks, int B, int Tq, int Tk, int H,
+                          int Hkv, int D, float scale, const i64* cuts, int parts) {
+    Attention a{B, Tq, Tk, H, Hkv, D, n_blocks, qa, qb, nk, probs, scale};
+    par(cuts, parts, [&](i64 lo, i64 hi) {
+        for (i64 task = lo; task < hi; task++) {  // (sequence b, kv head j)
+            i64 b = task / Hkv;
+            int j = (int)(task % Hkv);
+            const float* kh = k + (b * Tk * Hkv + j) * D;
+            const float* vh = v + (b * Tk * Hkv + j) * D;
+            for (int i = 0; i < n_blocks; i++)
+                for (int g = 0; g < a.G(); g++) {
+                    int h = j * a.G() + g;
+                    i64 rows = qb[i] - qa[i], off = ((b * Tq + qa[i]) * H + h) * D;
+                    float* p = a.p(i, b, j, g);
+                    sgemm(false, true, rows, nk[i], D, q + off, (i64)H * D, kh, (i64)Hkv * D, 0.0f, p, nk[i]);
+                    causal_softmax_fwd_rows(p, 0, rows, (int)rows, (int)nk[i], scale);
+                    sgemm(false, false, rows, D, nk[i], p, nk[i], vh, (i64)Hkv * D, 0.0f, out + off, (i64)H * D);
+                }
+        }
+    });
+}
+
+EXPORT void attention_bwd(const float* q, const float* k, const float* v, const float* dout, float* const* probs,
+                          const i64* qa, const i64* qb, const i64* nk, int n_blocks, int B, int Tq, int Tk, int H,
+                          int Hkv, int D, float scale, float* dq, float* dk, float* dv, const i64* cuts, int parts) {
+    Attention a{B, Tq, Tk, H, Hkv, D, n_blocks, qa, qb, nk, probs, scale};
+    i64 most = 0;  // the largest block of scores: the dP scratch of a task
+    for (int i = 0; i < n_blocks; i++) most = std::max(most, (qb[i] - qa[i]) * nk[i]);
+    par(cuts, parts, [&](i64 lo, i64 hi) {
+        std::vector<float> ds(most);
+        for (i64 task = lo; task < hi; task++) {
+            i64 b = task / Hkv;
+            int j = (int)(task % Hkv);
+            i64 kv = (b * Tk * Hkv + j) * D, ld_kv = (i64)Hkv * D, ld_q = (i64)H * D;
+            for (i64 t = 0; t < Tk; t++) {
+                std::memset(dk + kv + t * ld_kv, 0, sizeof(float) * D);
+                std::memset(dv + kv + t * ld_kv, 0, sizeof(float) * D);
+            }
+            for (int i = 0; i < n_blocks; i++)
+                for (int g = 0; g < a.G(); g++) {
+                    int h = j * a.G() + g;
+                    i64 rows = qb[i] - qa[i], n = nk[i], off = ((b * Tq + qa[i]) * H + h) * D;
+                    const float* p = a.p(i, b, j, g);
+                    sgemm(true, false, n, D, rows, p, n, dout + off, ld_q, 1.0f, dv + kv, ld_kv);  // dV += P^T dO
+                    sgemm(false, true, rows, n, D, dout + off, ld_q, v + kv, ld_kv, 0.0f, ds.data(), n);  // dP
+                    causal_softmax_bwd_rows(p, ds.data(), 0, rows, (int)rows, (int)n, scale);  // dS
+                    sgemm(false, false, rows, D, n, ds.data(), n, k + kv, ld_kv, 0.0f, dq + off, ld_q);  // dQ = dS K
+                    sgemm(true, false, n, D, rows, ds.data(), n, q + off, ld_q, 1.0f, dk + kv, ld_kv);  // dK += dS^T Q
+                }
+        }
+    });
 }

@@ -29,12 +29,13 @@ from pathlib import Path
 
 import numpy as np
 
-from xtrain_lessons.runtime import cpu_threads
+from xtrain_lessons.runtime import blas, cpu_threads
 from xtrain_lessons.runtime.cuda.emulator import KernelError, build_host_library
 
 __all__ = ["SOURCE", "FLAGS", "usable", "available", "enabled", "disabled", "library",
            "exp", "rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd", "rope",
            "causal_softmax_fwd", "causal_softmax_bwd", "softmax_exp_rows", "adamw",
+           "attention_usable", "attention_fwd", "attention_bwd",
            "ref_exp", "ref_rmsnorm_fwd", "ref_rmsnorm_bwd", "ref_swiglu_fwd", "ref_swiglu_bwd",
            "ref_rope", "ref_causal_softmax_fwd", "ref_causal_softmax_bwd", "ref_softmax_exp_rows"]
 
@@ -55,6 +56,9 @@ _SIGNATURES = {
     "causal_softmax_bwd": (P, P, I32, I32, F32, P, I32),
     "softmax_exp_rows": (P, P, P, I32, P, I32),
     "adamw": (P, P, P, P, I64, I64, F32, I32, F32, F32, F32, F32, F32, F32),
+    "set_sgemm": (P, I32),
+    "attention_fwd": (P, P, P, P, P, P, P, P, I32, I32, I32, I32, I32, I32, I32, F32, P, I32),
+    "attention_bwd": (P, P, P, P, P, P, P, P, I32, I32, I32, I32, I32, I32, I32, F32, P, P, P, P, I32),
 }
 
 _lib = None  # the loaded library, False once building it failed
@@ -200,6 +204,42 @@ def softmax_exp_rows(x, s, lse):
     """x (N, V) -> exp(x - max) in place; s, lse (N,) or (N, 1)."""
     N, V = x.shape
     _run("softmax_exp_rows", _p(x), _p(s), _p(lse), V, n_rows=N, row_bytes=V * 4)
+
+
+def _attention_args(q, k, blocks, probs):
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    qa, qb, nk = (np.array([blk[i] for blk in blocks], np.int64) for i in range(3))
+    pointers = (ctypes.c_void_p * len(probs))(*[p.ctypes.data for p in probs])
+    return (pointers, _p(qa), _p(qb), _p(nk), len(blocks), B, Tq, Tk, H, Hkv, D), (qa, qb, nk, pointers)
+
+
+def attention_usable(*arrays) -> bool:
+    """The C++ attention can run: usable(arrays) and a CBLAS sgemm to call (runtime/blas.py)."""
+    return usable(*arrays) and blas.sgemm_address() is not None
+
+
+def _with_sgemm(fn):
+    address, wide = blas.sgemm_address()
+    library().set_sgemm(address, int(wide))
+    with cpu_threads.one_blas_thread():  # OpenBLAS: one thread inside each call (MKL: sequential already)
+        fn()
+
+
+def attention_fwd(q, k, v, out, probs, blocks, scale):
+    """model/causal_blocks.py's forward in C++: q, out (B, Tq, H, D), k, v (B, Tk, Hkv, D),
+    probs[i] (B, Hkv, G*(b-a), n_k) for blocks[i] = (a, b, n_k); one task per (sequence, kv head)."""
+    args, keep = _attention_args(q, k, blocks, probs)
+    B, Hkv = q.shape[0], k.shape[2]
+    _with_sgemm(lambda: _run("attention_fwd", _p(q), _p(k), _p(v), _p(out), *args, float(scale),
+                             n_rows=B * Hkv, row_bytes=4, block_rows=1))
+
+
+def attention_bwd(q, k, v, dout, probs, blocks, scale, dq, dk, dv):
+    args, keep = _attention_args(q, k, blocks, probs)
+    B, Hkv = q.shape[0], k.shape[2]
+    _with_sgemm(lambda: _run("attention_bwd", _p(q), _p(k), _p(v), _p(dout), *args, float(scale), _p(dq), _p(dk),
+                             _p(dv), n_rows=B * Hkv, row_bytes=4, block_rows=1))
 
 
 def adamw(theta, grad, m, v, lr, b1, b2, eps, wd, bc1, bc2_sqrt):
