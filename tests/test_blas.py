@@ -73,3 +73,15 @@ def test_xtrain_blas_numpy_turns_mkl_off():
     env = {**os.environ, "XTRAIN_BLAS": "numpy"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     assert out.startswith("False NumPy")
+
+
+@needs_mkl
+@pytest.mark.skipif((os.cpu_count() or 1) < 2 or "OMP_NUM_THREADS" in os.environ or "MKL_NUM_THREADS" in os.environ,
+                    reason="needs 2 cores and no thread-count variables")
+def test_one_thread_per_call_leaves_the_process_setting_alone():
+    """torch's own MKL shares MKL's thread settings with ours: the sequential layer, or a global
+    MKL_Set_Num_Threads(1), would make torch's matmuls single-threaded (runtime/blas.py)."""
+    lib = blas._mkl()
+    a, b = _randn(300, 64, seed=10), _randn(64, 32, seed=11)
+    blas.gemm(a, b, np.empty((300, 32), np.float32))
+    assert lib.MKL_Get_Max_Threads() >= 2

@@ -6,12 +6,19 @@ on the row chunks `cpu_threads` cuts. NumPy's `np.matmul` calls the BLAS NumPy w
 OpenBLAS for the wheels on PyPI. On the small products of a CPU-sized model (K = 192 .. 1376)
 Intel's MKL runs 10-20% faster on the same core (T07 measures it; torch calls MKL too). When
 the `mkl` package is installed (`pip install -e ".[fast]"`, part of the dev extras, or conda's
-`mkl`), its library is loaded with the sequential threading layer (the engine's threads do the
-splitting, one chunk per call, as with OpenBLAS) and `gemm` calls `cblas_sgemm` through ctypes.
+`mkl`), `gemm` calls its `cblas_sgemm` through ctypes, one thread per call (the engine's threads
+do the splitting, one chunk per call, as with OpenBLAS).
+
+One thread per call, without touching anyone else's: torch links its own copy of MKL, and the
+two share MKL's service functions once ours is loaded. MKL's sequential threading layer would
+make torch's matmuls single-threaded too (measured: a 2-thread torch matmul 2x slower). So the
+library runs on the GNU OpenMP layer, torch's own, and every call sets this thread's MKL thread
+count to 1 and puts the previous value back (`MKL_Set_Num_Threads_Local`); without libgomp it
+falls back to the sequential layer.
 
     from xtrain_lessons.runtime import blas
     blas.gemm(a, b, out)     # out = a @ b, float32, a and b may be transposed views
-    blas.name()              # "MKL 2026.2 (sequential)" or "NumPy (scipy-openblas 0.3.31)"
+    blas.name()              # "MKL 2026.2 (one thread per call)" or "NumPy (scipy-openblas 0.3.31)"
     with blas.numpy_only():  # NumPy's matmul inside the block
 
 Anything MKL cannot take as it is (other dtypes, CuPy arrays, strides with no unit step, an
@@ -36,7 +43,7 @@ import numpy as np
 __all__ = ["gemm", "name", "mkl_loaded", "numpy_only", "mkl_path", "openblas_libraries", "sgemm_address"]
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
-_SEQUENTIAL = 1  # MKL_THREADING_SEQUENTIAL
+_SEQUENTIAL, _GNU = 1, 3  # MKL_THREADING_SEQUENTIAL, MKL_THREADING_GNU
 _state = {"lib": None, "tried": False, "off": os.environ.get("XTRAIN_BLAS", "").lower() == "numpy"}
 _lock = threading.Lock()
 
@@ -56,14 +63,24 @@ def _load():
         return None
     try:
         lib = ctypes.CDLL(str(path))
-        lib.MKL_Set_Threading_Layer(_SEQUENTIAL)  # before any other call: one thread per call
+        lib.MKL_Set_Threading_Layer(_GNU if _libgomp() else _SEQUENTIAL)  # before any other call
         fn = lib.cblas_sgemm
+        lib.MKL_Set_Num_Threads_Local.argtypes, lib.MKL_Set_Num_Threads_Local.restype = [ctypes.c_int], ctypes.c_int
     except (OSError, AttributeError):
         return None
     fn.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                         ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
     fn.restype = None
     return lib
+
+
+def _libgomp() -> bool:
+    """GNU OpenMP's runtime can be loaded (MKL's GNU threading layer needs it)."""
+    try:
+        ctypes.CDLL("libgomp.so.1")
+        return True
+    except OSError:
+        return False
 
 
 def _mkl():
@@ -98,7 +115,7 @@ def name() -> str:
         buf = ctypes.create_string_buffer(256)
         lib.MKL_Get_Version_String(buf, len(buf))
         version = buf.value.decode(errors="replace").split("Version ")[-1].split("-")[0].strip()
-        return f"MKL {version} (sequential)"
+        return f"MKL {version} (one thread per call)"
     try:
         info = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
         return f"NumPy ({info.get('name', 'BLAS')} {info.get('version', '')})".replace(" )", ")")
@@ -126,17 +143,19 @@ _SGEMM_SYMBOLS = (("scipy_cblas_sgemm64_", True), ("cblas_sgemm64_", True), ("sc
                   ("cblas_sgemm", False))
 
 
-def sgemm_address() -> tuple[int, bool] | None:
-    """(address, 64-bit integers?) of the CBLAS sgemm the engine uses — MKL's when loaded, else
-    NumPy's OpenBLAS's — for C++ that multiplies by itself (runtime/host's attention); None
-    when there is none to be found (then the engine keeps NumPy's batched matmuls)."""
+def sgemm_address() -> tuple[int, bool, int | None] | None:
+    """(address, 64-bit integers?, address of MKL_Set_Num_Threads_Local or None) of the CBLAS
+    sgemm the engine uses — MKL's when loaded, else NumPy's OpenBLAS's — for C++ that
+    multiplies by itself (runtime/host's attention); None when there is none to be found
+    (then the engine keeps NumPy's batched matmuls)."""
     lib = _mkl()
     if lib is not None:
-        return ctypes.cast(lib.cblas_sgemm, ctypes.c_void_p).value, False
+        address = ctypes.cast(lib.cblas_sgemm, ctypes.c_void_p).value
+        return address, False, ctypes.cast(lib.MKL_Set_Num_Threads_Local, ctypes.c_void_p).value
     for lib in openblas_libraries():
         for symbol, wide in _SGEMM_SYMBOLS:
             if hasattr(lib, symbol):
-                return ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value, wide
+                return ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value, wide, None
     return None
 
 
@@ -159,7 +178,11 @@ def gemm(a, b, out):
         la, lb = _layout(a), _layout(b)
         if la is not None and lb is not None:
             (M, K), N = a.shape, b.shape[1]
-            lib.cblas_sgemm(_ROW_MAJOR, la[0], lb[0], M, N, K, 1.0, a.ctypes.data, la[1], b.ctypes.data, lb[1],
-                            0.0, out.ctypes.data, max(N, 1))
+            before = lib.MKL_Set_Num_Threads_Local(1)  # this thread, this call: see the docstring
+            try:
+                lib.cblas_sgemm(_ROW_MAJOR, la[0], lb[0], M, N, K, 1.0, a.ctypes.data, la[1], b.ctypes.data,
+                                lb[1], 0.0, out.ctypes.data, max(N, 1))
+            finally:
+                lib.MKL_Set_Num_Threads_Local(before)
             return out
     return np.matmul(a, b, out=out)

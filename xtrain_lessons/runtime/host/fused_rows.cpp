@@ -357,23 +357,28 @@ typedef void (*sgemm32_t)(int, int, int, int, int, int, float, const float*, int
                           float*, int);
 typedef void (*sgemm64_t)(int, int, int, i64, i64, i64, float, const float*, i64, const float*, i64, float,
                           float*, i64);
+typedef int (*set_threads_t)(int);
 static void* g_sgemm = nullptr;
 static int g_sgemm_int64 = 0;
+static set_threads_t g_set_local_threads = nullptr;  // MKL: this thread's count, for one call
 
-EXPORT void set_sgemm(void* fn, int int64) {
+EXPORT void set_sgemm(void* fn, int int64, void* set_local_threads) {
     g_sgemm = fn;
     g_sgemm_int64 = int64;
+    g_set_local_threads = (set_threads_t)set_local_threads;
 }
 
 // C = A·B (+ beta·C), A (M, K) or its transpose, row-major with the given leading dimensions
 static void sgemm(bool ta, bool tb, i64 M, i64 N, i64 K, const float* A, i64 lda, const float* B, i64 ldb,
                   float beta, float* C, i64 ldc) {
     const int row_major = 101, TA = ta ? 112 : 111, TB = tb ? 112 : 111;
+    int before = g_set_local_threads ? g_set_local_threads(1) : 0;  // one thread inside (runtime/blas.py)
     if (g_sgemm_int64)
         ((sgemm64_t)g_sgemm)(row_major, TA, TB, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
     else
         ((sgemm32_t)g_sgemm)(row_major, TA, TB, (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb, beta, C,
                              (int)ldc);
+    if (g_set_local_threads) g_set_local_threads(before);
 }
 
 struct Attention {  // the shapes, the query blocks and the probability buffer of each block

@@ -56,7 +56,7 @@ _SIGNATURES = {
     "causal_softmax_bwd": (P, P, I32, I32, F32, P, I32),
     "softmax_exp_rows": (P, P, P, I32, P, I32),
     "adamw": (P, P, P, P, I64, I64, F32, I32, F32, F32, F32, F32, F32, F32),
-    "set_sgemm": (P, I32),
+    "set_sgemm": (P, I32, P),
     "attention_fwd": (P, P, P, P, P, P, P, P, I32, I32, I32, I32, I32, I32, I32, F32, P, I32),
     "attention_bwd": (P, P, P, P, P, P, P, P, I32, I32, I32, I32, I32, I32, I32, F32, P, P, P, P, I32),
 }
@@ -220,8 +220,8 @@ def attention_usable(*arrays) -> bool:
 
 
 def _with_sgemm(fn):
-    address, wide = blas.sgemm_address()
-    library().set_sgemm(address, int(wide))
+    address, wide, set_local_threads = blas.sgemm_address()
+    library().set_sgemm(address, int(wide), set_local_threads)
     with cpu_threads.one_blas_thread():  # OpenBLAS: one thread inside each call (MKL: sequential already)
         fn()
 
