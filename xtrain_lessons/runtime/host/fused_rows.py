@@ -3,14 +3,20 @@
 
 The C++ file is compiled once per machine and compiler by g++ (-O3 -march=native
 -ffp-contract=off), cached beside the emulator's kernels ($XTRAIN_CACHE_DIR or
-~/.cache/xtrain-lessons/kernels), and called through ctypes, which lets go of the GIL: the
-engine's threads (cpu_threads.map_rows) run the calls side by side on their runs of rows.
+~/.cache/xtrain-lessons/kernels), and called through ctypes, which lets go of the GIL. Each
+call hands its rows to the library's own worker pool, cut into the runs the engine's threads
+would take (cpu_threads.runs: whole cache-sized blocks, so the same bits for any thread
+count); inside a parallel region (a pool worker, or the caller running its own span) a call
+runs on its thread alone.
 
     from xtrain_lessons.runtime.host import fused_rows as fr
-    if fr.usable(x):                       # float32 NumPy arrays, kernels built, not turned off
-        fr.rmsnorm_fwd(x, w, xhat, out, r, 0, len(x), eps=1e-6)
+    if fr.usable(x, w):                    # float32 NumPy arrays, kernels built, not turned off
+        fr.rmsnorm_fwd(x, w, xhat, out, r, eps=1e-6)
     with fr.disabled():                    # the engine's NumPy path instead (T07 compares them)
         ...
+
+The attention (`attention_fwd`/`attention_bwd`, model/causal_blocks.py's blocks of queries)
+calls the BLAS sgemm runtime/blas.py chose through a function pointer, from C++.
 
 Used for float32 NumPy arrays only: float64 (gradcheck), bf16/fp16 storage and CuPy arrays
 keep the NumPy (or CuPy) path. Without a C++ compiler, or with XTRAIN_FUSED=0, nothing is
