@@ -286,3 +286,20 @@ def test_square_attention_is_causal_attention_over_the_whole_square():
         outs.append([y.data, q.grad, k.grad, v.grad])
     for a, b in zip(*outs):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_matmul_chunks_on_the_cpp_pool_are_the_python_pools_calls():
+    a, g = _randn(2048, 192, seed=30), _randn(2048, 512, seed=31)
+    w = _randn(512, 192, seed=32)
+    pairs = ((a, w.T.copy()), (g, w), (g.T, a))  # a linear layer's forward, dx and dW
+    runs = {}
+    for runner in (fr.gemm_tasks, None):
+        cpu_threads.set_gemm_runner(runner)
+        try:
+            runs[runner] = _with_threads(2, lambda: cpu_threads.matmuls(*pairs))
+        finally:
+            cpu_threads.set_gemm_runner(fr.gemm_tasks)
+    for mine, theirs, (x, y) in zip(runs[fr.gemm_tasks], runs[None], pairs):
+        assert np.array_equal(mine, theirs)
+        np.testing.assert_allclose(mine, x.astype(np.float64) @ y.astype(np.float64), rtol=1e-4, atol=1e-3)
+    assert not fr.gemm_tasks([(a.astype(np.float64), w.T.astype(np.float64), np.empty((2048, 512)))])

@@ -40,9 +40,10 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["gemm", "name", "mkl_loaded", "numpy_only", "mkl_path", "openblas_libraries", "sgemm_address"]
+__all__ = ["gemm", "name", "mkl_loaded", "numpy_only", "mkl_path", "openblas_libraries", "sgemm_address",
+           "layout", "NO_TRANS", "TRANS"]
 
-_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+_ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS's constants
 _SEQUENTIAL, _GNU = 1, 3  # MKL_THREADING_SEQUENTIAL, MKL_THREADING_GNU
 _state = {"lib": None, "tried": False, "off": os.environ.get("XTRAIN_BLAS", "").lower() == "numpy"}
 _lock = threading.Lock()
@@ -159,13 +160,13 @@ def sgemm_address() -> tuple[int, bool, int | None] | None:
     return None
 
 
-def _layout(x):
+def layout(x):
     """(CBLAS transpose flag, leading dimension) of a 2-D float32 array, or None."""
     s0, s1 = x.strides
     if s1 == 4 and s0 >= max(1, x.shape[1]) * 4 and s0 % 4 == 0:
-        return _NO_TRANS, s0 // 4
+        return NO_TRANS, s0 // 4
     if s0 == 4 and s1 >= max(1, x.shape[0]) * 4 and s1 % 4 == 0:
-        return _TRANS, s1 // 4
+        return TRANS, s1 // 4
     return None
 
 
@@ -175,7 +176,7 @@ def gemm(a, b, out):
     if lib is not None and type(a) is np.ndarray and type(b) is np.ndarray and type(out) is np.ndarray \
             and a.dtype == b.dtype == out.dtype == np.float32 and out.flags.c_contiguous \
             and a.ndim == b.ndim == 2 and min(a.shape) > 0 and b.shape[1] > 0:
-        la, lb = _layout(a), _layout(b)
+        la, lb = layout(a), layout(b)
         if la is not None and lb is not None:
             (M, K), N = a.shape, b.shape[1]
             before = lib.MKL_Set_Num_Threads_Local(1)  # this thread, this call: see the docstring

@@ -61,7 +61,7 @@ from xtrain_lessons.runtime.allocator import empty
 
 __all__ = ["BLOCK_BYTES", "map_rows", "map_items", "matmul", "matmuls", "matmul_chunks", "map_chunks", "sum_blocks",
            "set_threads", "get_threads", "blocks", "grid", "runs", "split_items", "blas_threads",
-           "set_blas_threads", "blas_threads_set", "in_parallel_region", "one_blas_thread"]
+           "set_blas_threads", "blas_threads_set", "in_parallel_region", "one_blas_thread", "set_gemm_runner"]
 
 BLOCK_BYTES = 128 * 1024  # per array and block: a few arrays of this fit in a 1-2 MiB L2
 MATMUL_SPLIT_FLOPS = 1 << 23  # below this a product is one call: splitting would cost more
@@ -240,6 +240,16 @@ def map_rows(fn, n_rows: int, row_bytes: int, *, like=None, blas: bool = False,
         return _run_spans(fn, spans)
 
 
+_gemm_runner = None  # runtime/host's C++ pool registers itself here (it imports this module)
+
+
+def set_gemm_runner(runner) -> None:
+    """`runner(products) -> bool` runs [(a, b, out), ...] (each out = a @ b) in that order of
+    taking, or returns False; matmuls() hands its chunks to it first. None: Python's threads."""
+    global _gemm_runner
+    _gemm_runner = runner
+
+
 def matmul_chunks(M: int, K: int, N: int) -> list[tuple[int, int]]:
     """The fixed pieces (lo, hi) of the rows of an (M, K) @ (K, N) product: MATMUL_ROWS rows
     each, or the whole product when it is too small to be worth splitting. They depend on
@@ -276,6 +286,8 @@ def matmuls(*pairs, outs=None):
         (M, K), N = a.shape, b.shape[1]
         tasks += [(2 * (hi - lo) * K * N, a[lo:hi], b, out[lo:hi]) for lo, hi in matmul_chunks(M, K, N)]
     tasks.sort(key=lambda t: -t[0])  # largest first: the threads finish together (stable sort)
+    if _gemm_runner is not None and _gemm_runner([(a, b, out) for _, a, b, out in tasks]):
+        return outs  # the same calls on runtime/host's C++ pool: a hand-over of a microsecond
     with _blas_single():
         if _threads == 1 or len(tasks) == 1 or getattr(_local, "worker", False):
             for _, a, b, out in tasks:

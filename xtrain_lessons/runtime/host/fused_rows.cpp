@@ -446,3 +446,26 @@ EXPORT void attention_bwd(const float* q, const float* k, const float* v, const 
         }
     });
 }
+
+// ------------------------------------------------------------------ matmul chunks on the pool
+// cpu_threads.matmuls' row chunks, each one sgemm call, taken by the threads one by one (the
+// largest first, as Python sorted them): the same calls whichever thread makes them.
+struct GemmTask {
+    i64 M, N, K, lda, ldb, ldc;
+    const float* A;
+    const float* B;
+    float* C;
+    int ta, tb;
+};
+
+EXPORT void gemm_tasks(const GemmTask* tasks, int n, int threads) {
+    std::atomic<int> next{0};
+    std::vector<i64> cuts(threads + 1);
+    for (int i = 0; i <= threads; i++) cuts[i] = i;
+    par(cuts.data(), threads, [&](i64, i64) {
+        for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
+            const GemmTask& t = tasks[i];
+            sgemm(t.ta, t.tb, t.M, t.N, t.K, t.A, t.lda, t.B, t.ldb, 0.0f, t.C, t.ldc);
+        }
+    });
+}

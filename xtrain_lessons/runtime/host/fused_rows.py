@@ -41,7 +41,7 @@ from xtrain_lessons.runtime.cuda.emulator import KernelError, build_host_library
 __all__ = ["SOURCE", "FLAGS", "usable", "available", "enabled", "disabled", "library",
            "exp", "rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd", "rope",
            "causal_softmax_fwd", "causal_softmax_bwd", "softmax_exp_rows", "adamw",
-           "attention_usable", "attention_fwd", "attention_bwd",
+           "attention_usable", "attention_fwd", "attention_bwd", "gemm_tasks",
            "ref_exp", "ref_rmsnorm_fwd", "ref_rmsnorm_bwd", "ref_swiglu_fwd", "ref_swiglu_bwd",
            "ref_rope", "ref_causal_softmax_fwd", "ref_causal_softmax_bwd", "ref_softmax_exp_rows"]
 
@@ -65,7 +65,10 @@ _SIGNATURES = {
     "set_sgemm": (P, I32, P),
     "attention_fwd": (P, P, P, P, P, P, P, P, I32, I32, I32, I32, I32, I32, I32, F32, P, I32),
     "attention_bwd": (P, P, P, P, P, P, P, P, I32, I32, I32, I32, I32, I32, I32, F32, P, P, P, P, I32),
+    "gemm_tasks": (P, I32, I32),
 }
+_GEMM_TASK = np.dtype([("M", "i8"), ("N", "i8"), ("K", "i8"), ("lda", "i8"), ("ldb", "i8"), ("ldc", "i8"),
+                       ("A", "u8"), ("B", "u8"), ("C", "u8"), ("ta", "i4"), ("tb", "i4")])  # struct GemmTask
 
 _lib = None  # the loaded library, False once building it failed
 _lock = threading.Lock()
@@ -248,6 +251,27 @@ def attention_bwd(q, k, v, dout, probs, blocks, scale, dq, dk, dv):
                              _p(dv), n_rows=B * Hkv, row_bytes=4, block_rows=1))
 
 
+def gemm_tasks(products) -> bool:
+    """out = a @ b for every (a, b, out) of `products` (float32 2-D, `out` C-contiguous), in
+    this order of taking, on the library's pool: the threads take the next product nobody has
+    started, each one BLAS sgemm call (runtime/blas.py's). False, nothing done, when they cannot
+    all go (then cpu_threads runs them on its Python threads)."""
+    if not products or not usable(*(x for p in products for x in p)) or blas.sgemm_address() is None:
+        return False
+    table = np.zeros(len(products), _GEMM_TASK)
+    for row, (a, b, out) in zip(table, products):
+        la, lb = blas.layout(a), blas.layout(b)
+        if la is None or lb is None or 0 in a.shape or b.shape[1] == 0:
+            return False
+        row["M"], row["K"], row["N"] = a.shape[0], a.shape[1], b.shape[1]
+        row["lda"], row["ldb"], row["ldc"] = la[1], lb[1], max(out.shape[1], 1)
+        row["A"], row["B"], row["C"] = a.ctypes.data, b.ctypes.data, out.ctypes.data
+        row["ta"], row["tb"] = la[0] == blas.TRANS, lb[0] == blas.TRANS
+    threads = 1 if cpu_threads.in_parallel_region() else min(cpu_threads.get_threads(), len(products))
+    _with_sgemm(lambda: library().gemm_tasks(table.ctypes.data, len(products), threads))
+    return True
+
+
 def adamw(theta, grad, m, v, lr, b1, b2, eps, wd, bc1, bc2_sqrt):
     """training/optim.py's AdamW update of whole flat float32 arrays, in place, in one pass;
     each constant rounded to float32 first, as NumPy rounds a Python float: the same bits."""
@@ -326,3 +350,6 @@ def ref_softmax_exp_rows(x):
     e = np.exp(x64 - m)
     s = e.sum(axis=-1, keepdims=True)
     return e, s, m + np.log(s)
+
+
+cpu_threads.set_gemm_runner(gemm_tasks)  # cpu_threads.matmuls hands its chunks to the C++ pool
