@@ -219,8 +219,10 @@ def _attention_args(q, k, blocks, probs):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     qa, qb, nk = (np.array([blk[i] for blk in blocks], np.int64) for i in range(3))
-    pointers = (ctypes.c_void_p * len(probs))(*[p.ctypes.data for p in probs])
-    return (pointers, _p(qa), _p(qb), _p(nk), len(blocks), B, Tq, Tk, H, Hkv, D), (qa, qb, nk, pointers)
+    # a NumPy array of the addresses (a ctypes array type made per call would be a new class,
+    # with reference cycles only the garbage collector frees)
+    pointers = np.array([p.ctypes.data for p in probs], np.uint64)
+    return (_p(pointers), _p(qa), _p(qb), _p(nk), len(blocks), B, Tq, Tk, H, Hkv, D), (qa, qb, nk, pointers)
 
 
 def attention_usable(*arrays) -> bool:
