@@ -8,7 +8,9 @@ versions below are what makes a few-million-parameter model train in minutes.
     linear(x, w)                 x @ w.T, w in the (out, in) layout of torch / Hugging Face
     linear_cross_entropy(x, w, t) cross_entropy(linear(x, w), t), fused on row chunks
     rope(x, cos, sin)            rotary position embedding, rotate-half convention
-    causal_attention(q, k, v)    softmax(q k^T / sqrt(D) + causal mask) v, grouped-query
+    causal_attention(q, k, v)    softmax(q k^T / sqrt(D) + causal mask) v, grouped-query, by
+                                 blocks of queries (model/causal_blocks.py; C++ on float32)
+    square_attention(q, k, v)    the same over the whole (T, T) square, in NumPy (T05's, T14's baseline)
     swiglu(gate, up)             silu(gate) * up
     rope_tables(T, D, theta)     the cos / sin tables RoPE reads
 
@@ -32,8 +34,8 @@ from xtrain_lessons.runtime.cpu_threads import map_rows
 from xtrain_lessons.runtime.host import fused_rows
 from xtrain_lessons.runtime.device import array_module
 
-__all__ = ["linear", "linear_cross_entropy", "rope", "causal_attention", "swiglu", "rope_tables", "rotate_half",
-           "attention_fwd"]
+__all__ = ["linear", "linear_cross_entropy", "rope", "causal_attention", "square_attention", "swiglu",
+           "rope_tables", "rotate_half", "attention_fwd"]
 
 
 # ----------------------------------------------------------------------------------------
