@@ -90,3 +90,25 @@ def test_book_toc_lists_every_solution():
 
 def test_python_version_supported():
     assert sys.version_info >= (3, 10)
+
+
+def test_every_module_the_package_imports_at_its_top_is_a_runtime_dependency():
+    """`pip install -e .` must be enough for `xtrain train`: a third-party import at the top of a
+    package module needs its distribution in [project] dependencies (the dev extras would hide it
+    from the tests: `regex` came in through transformers)."""
+    import ast  # noqa: PLC0415
+
+    deps = {_name_and_bound(r)[0] for r in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]}
+    dist_of = {"yaml": "pyyaml"}  # import name -> distribution, where they differ
+    missing = set()
+    for path in (REPO / "xtrain_lessons").rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:  # module level only: lazy imports are optional ones
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top in ("xtrain_lessons", "__future__"):
+                    continue
+                if dist_of.get(top, top).lower().replace("_", "-") not in deps:
+                    missing.add(f"{top} ({path.relative_to(REPO)})")
+    assert not missing, f"imported at module level but not in [project] dependencies: {sorted(missing)}"
