@@ -49,9 +49,9 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
         raise ValueError(f"linear: input has {n_in} features but weight is {w.shape} (out, in)")
     lead = x.shape[:-1]
     x2 = x.data.reshape(-1, n_in)  # (N, in)
-    # split by rows over the engine's threads (plain `@` on a GPU). OpenBLAS multiplies by a
-    # C-contiguous right-hand matrix 10-20% faster than by the transposed view w.T (measured
-    # in T07): the copy of the weight costs far less than that
+    # split by rows over the engine's threads (plain `@` on a GPU). OpenBLAS multiplied by a
+    # C-contiguous right-hand matrix faster than by the transposed view w.T on the tiny model's
+    # products (157-167 against 131-142 GFLOP/s, one thread): the weight's copy costs far less
     wt = array_module(w.data).ascontiguousarray(w.data.T)  # (in, out)
     y = cpu_threads.matmul(x2, wt).reshape(*lead, w.shape[0])  # (..., out)
 
@@ -234,14 +234,6 @@ def _from_heads_into(out, y):
     out[...] = y.reshape(b, H, T, D).transpose(0, 2, 1, 3)
 
 
-def _keys_t(k):
-    """(B, Tk, Hkv, D) -> (B, Hkv, D, Tk), C-contiguous. NumPy's batched matmul calls BLAS
-    only when each matrix has a unit stride; `q @ k.swapaxes(-1, -2)` of the transposed
-    view falls back to a loop about 3x slower than this copy plus the BLAS call."""
-    xp = array_module(k)
-    return xp.ascontiguousarray(k.transpose(0, 2, 3, 1))
-
-
 def _check_shapes(q, k, v):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
@@ -275,7 +267,7 @@ def attention_fwd(q, k, v):
 
     def batch_rows(lo, hi):  # sequences lo..hi-1: scores, softmax, weighted sum
         s = p[lo:hi]
-        xp.matmul(qh[lo:hi], _keys_t(k[lo:hi]), out=s)  # (b, Hkv, G*Tq, Tk)
+        xp.matmul(qh[lo:hi], causal_blocks.keys_t(k[lo:hi]), out=s)  # (b, Hkv, G*Tq, Tk)
         if fused:  # scale, mask, max, exp, normalise: one C++ pass per row (runtime/host)
             fused_rows.causal_softmax_fwd(s, Tq, scale)
         else:

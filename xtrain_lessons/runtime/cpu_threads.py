@@ -215,25 +215,20 @@ def runs(n_rows: int, row_bytes: int, block_bytes: int = BLOCK_BYTES,
 
 
 def map_rows(fn, n_rows: int, row_bytes: int, *, like=None, blas: bool = False,
-             block_bytes: int = BLOCK_BYTES, whole_runs: bool = False) -> list:
+             block_bytes: int = BLOCK_BYTES) -> list:
     """[fn(lo, hi) for each span of `runs(...)`] in row order, one span per thread.
 
     `fn` must only touch rows lo..hi-1 of the arrays it writes (spans run concurrently).
     `like`: an array of the op; when it is not a NumPy array (CuPy), `[fn(0, n_rows)]`.
     `blas=True`: the spans call matmul; OpenBLAS runs single-threaded meanwhile.
-    `whole_runs=True`: one call per thread's run even with one thread (a fused C++ kernel
-    keeps each row in cache by itself; every call costs a few microseconds of Python).
-    The runs still start on the grid, so per-block partial sums keep their bits.
     An exception raised in a span is raised here once every thread has stopped, so nothing
     is still writing.
     """
     if like is not None and not isinstance(like, np.ndarray):
         return [fn(0, n_rows)]
     if getattr(_local, "worker", False):  # nested: already on one of the threads
-        return [fn(0, n_rows)] if whole_runs else [fn(lo, hi) for lo, hi in blocks(n_rows, row_bytes, block_bytes)]
+        return [fn(lo, hi) for lo, hi in blocks(n_rows, row_bytes, block_bytes)]
     spans = runs(n_rows, row_bytes, block_bytes)
-    if whole_runs and len(spans) > 1 and _threads == 1:
-        spans = [(0, n_rows)]
     if len(spans) <= 1 or _threads == 1:
         return [fn(lo, hi) for lo, hi in spans]
     with _blas_single() if blas else contextlib.nullcontext():
