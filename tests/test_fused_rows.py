@@ -303,6 +303,21 @@ def test_matmul_chunks_on_the_cpp_pool_are_the_python_pools_calls():
         assert np.array_equal(mine, theirs)
         np.testing.assert_allclose(mine, x.astype(np.float64) @ y.astype(np.float64), rtol=1e-4, atol=1e-3)
     assert not fr.gemm_tasks([(a.astype(np.float64), w.T.astype(np.float64), np.empty((2048, 512)))])
+    dw = np.empty((512, 192), np.float32)  # a transposed view goes to C++ as it is (a linear's dW)
+    assert fr.gemm_tasks([(g.T, a, dw)]) and np.array_equal(dw, runs[None][2])
+
+
+@pytest.mark.parametrize("n", [1 << 16, (1 << 18) + 3])
+def test_add_on_the_pool_gives_numpys_bits_in_place_too(n):
+    a, b = _randn(n, seed=40, scale=1e3), _randn(n, seed=41)
+    want = a + b
+    got = _with_threads(2, lambda: fr.add(a, b))
+    assert np.array_equal(got, want)
+    _with_threads(2, lambda: fr.add(a, b, out=a))  # the backward's `prev += g`
+    assert np.array_equal(a, want)
+    assert fr.add(a[:100], b[:100]) is None  # small: NumPy's own loop
+    assert fr.add(a.astype(np.float64), b.astype(np.float64)) is None
+    assert fr.add(a[: n // 2], b[: n // 2 + 1]) is None  # shapes differ: NumPy says why
 
 
 def test_a_training_step_leaves_no_reference_cycles():

@@ -73,6 +73,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from xtrain_lessons.runtime.device import array_module, on_gpu
+from xtrain_lessons.runtime.host import fused_rows
 
 __all__ = [
     "Tensor", "tensor", "as_tensor", "make_node", "no_grad", "enable_grad",
@@ -291,9 +292,11 @@ class Tensor:
                 if prev is None:
                     grads[id(p)] = gp
                 elif id(p) in sums:
-                    prev += gp
+                    if fused_rows.add(prev, gp, out=prev) is None:
+                        prev += gp
                 else:
-                    grads[id(p)] = prev + gp
+                    total = fused_rows.add(prev, gp)  # large float32: on the threads
+                    grads[id(p)] = prev + gp if total is None else total
                     sums.add(id(p))
 
     # -- operators: defined in ops.py, attached at the bottom of this file --

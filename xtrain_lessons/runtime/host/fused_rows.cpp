@@ -40,7 +40,7 @@ static std::atomic<int> pending{0};          // workers still on the current job
 static std::atomic<bool> busy{false};        // a job in flight: a second caller runs inline
 static int n_workers = 0;
 static pid_t owner = 0;  // a forked child has none of the parent's threads: it starts its own
-static const auto SPIN = std::chrono::microseconds(50);
+static std::atomic<long> spin_us{200};
 
 static inline void relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -50,7 +50,7 @@ static inline void relax() {
 
 // wait until `a` no longer holds `old`: spinning for SPIN, then asleep (a futex)
 template <class T> static T await_change(std::atomic<T>& a, T old) {
-    auto until = std::chrono::steady_clock::now() + SPIN;
+    auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us.load(std::memory_order_relaxed));
     for (;;) {
         T now = a.load(std::memory_order_acquire);
         if (now != old) return now;
@@ -89,6 +89,8 @@ static void run(Body body, const void* ctx, const i64* cuts, int parts) {
     busy.store(false, std::memory_order_release);
 }
 }  // namespace pool
+
+EXPORT void set_spin(long us) { pool::spin_us.store(us); }
 
 template <class F> static void par(const i64* cuts, int parts, const F& f) {
     pool::run([](const void* c, i64 lo, i64 hi) { (*(const F*)c)(lo, hi); }, &f, cuts, parts);
@@ -214,6 +216,12 @@ static void rmsnorm_bwd_rows(const float* g, const float* xhat, const float* w, 
     delete[] tmp;
 }
 
+// ------------------------------------------------------------------ sum (elements [lo, hi))
+// out = a + b: one IEEE addition per element, the bits of NumPy's; out may be a or b
+static void add_rows(const float* a, const float* b, float* out, i64 lo, i64 hi) {
+    for (i64 i = lo; i < hi; i++) out[i] = a[i] + b[i];
+}
+
 // ------------------------------------------------------------------ SwiGLU (elements [lo, hi))
 static void swiglu_fwd_rows(const float* a, const float* u, float* out, i64 lo, i64 hi) {
     for (i64 i = lo; i < hi; i++) out[i] = a[i] * sigmoid(a[i]) * u[i];
@@ -320,6 +328,10 @@ EXPORT void rmsnorm_fwd(const float* x, const float* w, float* xhat, float* out,
 EXPORT void rmsnorm_bwd(const float* g, const float* xhat, const float* w, const float* r, float* gx,
                         float* gw_parts, int D, i64 block_rows, const i64* cuts, int parts) {
     par(cuts, parts, [&](i64 lo, i64 hi) { rmsnorm_bwd_rows(g, xhat, w, r, gx, gw_parts, lo, hi, D, block_rows); });
+}
+
+EXPORT void add(const float* a, const float* b, float* out, const i64* cuts, int parts) {
+    par(cuts, parts, [&](i64 lo, i64 hi) { add_rows(a, b, out, lo, hi); });
 }
 
 EXPORT void swiglu_fwd(const float* a, const float* u, float* out, const i64* cuts, int parts) {

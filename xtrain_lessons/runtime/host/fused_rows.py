@@ -39,7 +39,7 @@ from xtrain_lessons.runtime import blas, cpu_threads
 from xtrain_lessons.runtime.cuda.emulator import KernelError, build_host_library
 
 __all__ = ["SOURCE", "FLAGS", "usable", "available", "enabled", "disabled", "library",
-           "exp", "rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd", "rope",
+           "exp", "add", "rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd", "rope",
            "causal_softmax_fwd", "causal_softmax_bwd", "softmax_exp_rows", "adamw",
            "attention_usable", "attention_fwd", "attention_bwd", "gemm_tasks",
            "ref_exp", "ref_rmsnorm_fwd", "ref_rmsnorm_bwd", "ref_swiglu_fwd", "ref_swiglu_bwd",
@@ -55,6 +55,7 @@ _SIGNATURES = {
     "exp_rows": (P, P, I64),
     "rmsnorm_fwd": (P, P, P, P, P, I32, F32, P, I32),
     "rmsnorm_bwd": (P, P, P, P, P, P, I32, I64, P, I32),
+    "add": (P, P, P, P, I32),
     "swiglu_fwd": (P, P, P, P, I32),
     "swiglu_bwd": (P, P, P, P, P, P, I32),
     "rope": (P, P, P, P, I32, I32, I32, F32, P, I32),
@@ -66,6 +67,7 @@ _SIGNATURES = {
     "attention_fwd": (P, P, P, P, P, P, P, P, I32, I32, I32, I32, I32, I32, I32, F32, P, I32),
     "attention_bwd": (P, P, P, P, P, P, P, P, I32, I32, I32, I32, I32, I32, I32, F32, P, P, P, P, I32),
     "gemm_tasks": (P, I32, I32),
+    "set_spin": (ctypes.c_long,),
 }
 _GEMM_TASK = np.dtype([("M", "i8"), ("N", "i8"), ("K", "i8"), ("lda", "i8"), ("ldb", "i8"), ("ldc", "i8"),
                        ("A", "u8"), ("B", "u8"), ("C", "u8"), ("ta", "i4"), ("tb", "i4")])  # struct GemmTask
@@ -183,6 +185,20 @@ def rmsnorm_bwd(g, xhat, w, r, gx, gw_parts, block_rows):
          n_rows=N, row_bytes=D * 4, block_rows=block_rows)
 
 
+ADD_MIN_SIZE = 1 << 16  # below this NumPy's own loop is as fast as a hand-over to the pool
+
+
+def add(a, b, out=None):
+    """a + b for same-shaped arrays, spread over the pool's threads (the same bits as NumPy's:
+    one rounding per element); `out` may be a or b. None when they cannot go (not `usable`,
+    shapes differ, or too small to be worth it): the caller adds with NumPy."""
+    if a.shape != b.shape or a.size < ADD_MIN_SIZE or not usable(a, b, out):
+        return None
+    out = np.empty_like(a) if out is None else out
+    _run("add", _p(a), _p(b), _p(out), n_rows=a.size, row_bytes=4)
+    return out
+
+
 def swiglu_fwd(a, u, out):
     """out = silu(a) * u for same-shaped arrays."""
     _run("swiglu_fwd", _p(a), _p(u), _p(out), n_rows=a.size, row_bytes=4)
@@ -258,8 +274,10 @@ def gemm_tasks(products) -> bool:
     this order of taking, on the library's pool: the threads take the next product nobody has
     started, each one BLAS sgemm call (runtime/blas.py's). False, nothing done, when they cannot
     all go (then cpu_threads runs them on its Python threads)."""
-    if not products or not usable(*(x for p in products for x in p)) or blas.sgemm_address() is None:
+    if not products or not usable(*(out for _, _, out in products)) or blas.sgemm_address() is None:
         return False
+    if not all(type(x) is np.ndarray and x.dtype == np.float32 for a, b, _ in products for x in (a, b)):
+        return False  # a and b may be transposed views (a linear's g.T): blas.layout reads them
     table = np.zeros(len(products), _GEMM_TASK)
     for row, (a, b, out) in zip(table, products):
         la, lb = blas.layout(a), blas.layout(b)
