@@ -42,6 +42,16 @@ __all__ = ["linear", "linear_cross_entropy", "rope", "causal_attention", "square
 # linear: y = x @ w.T
 
 
+def _weight_t(w):
+    """w.T (in, out) as the forward's right-hand matrix. MKL reads the transposed view as fast
+    as a copy (175-194 GFLOP/s either way on the tiny model's products, one thread), so it gets
+    the view; OpenBLAS multiplied by a C-contiguous copy faster (157-167 against 131-142), and
+    the copy costs less than that (0.01-0.5 ms a weight); a GPU takes the copy too."""
+    if isinstance(w, np.ndarray) and blas.mkl_loaded():
+        return w.T
+    return array_module(w).ascontiguousarray(w.T)
+
+
 def linear(x: Tensor, w: Tensor) -> Tensor:
     """y = x @ w.T for x (..., in) and w (out, in) -> (..., out). No bias (Qwen3 has none)."""
     n_in = x.shape[-1]
@@ -49,11 +59,8 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
         raise ValueError(f"linear: input has {n_in} features but weight is {w.shape} (out, in)")
     lead = x.shape[:-1]
     x2 = x.data.reshape(-1, n_in)  # (N, in)
-    # split by rows over the engine's threads (plain `@` on a GPU). OpenBLAS multiplied by a
-    # C-contiguous right-hand matrix faster than by the transposed view w.T on the tiny model's
-    # products (157-167 against 131-142 GFLOP/s, one thread): the weight's copy costs far less
-    wt = array_module(w.data).ascontiguousarray(w.data.T)  # (in, out)
-    y = cpu_threads.matmul(x2, wt).reshape(*lead, w.shape[0])  # (..., out)
+    # split by rows over the engine's threads (plain `@` on a GPU)
+    y = cpu_threads.matmul(x2, _weight_t(w.data)).reshape(*lead, w.shape[0])  # (..., out)
 
     def backward(g):
         g2 = g.reshape(-1, w.shape[0])  # (N, out)
@@ -90,7 +97,7 @@ def linear_cross_entropy(x: Tensor, w: Tensor, targets, ignore_index: int = -100
     rows = xp.arange(N)
     fused = fused_rows.usable(buf, s, lse)
 
-    wt = xp.ascontiguousarray(w.data.T)  # (in, V): see linear
+    wt = _weight_t(w.data)  # (in, V)
 
     def forward_chunk(lo, hi):
         blas.gemm(x2[lo:hi], wt, buf[lo:hi])  # MKL's sgemm or np.matmul (runtime/blas.py)
