@@ -340,3 +340,63 @@ def test_a_training_step_leaves_no_reference_cycles():
     finally:
         if was_enabled:
             gc.enable()
+
+
+def _param_like_arrays(seed):
+    shapes = [(300, 64), (64,), (128, 64), (5,), (64, 300), (1,)]
+    return [_randn(*s, seed=seed + i) for i, s in enumerate(shapes)]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_sum_squares_is_float64_close_and_the_same_bits_for_any_thread_count(threads):
+    arrays = _param_like_arrays(50)
+    got = _with_threads(threads, lambda: fr.sum_squares(arrays))
+    want = [np.sum(np.square(a.astype(np.float64))) for a in arrays]
+    np.testing.assert_allclose(got, want, rtol=1e-14)
+    assert np.array_equal(got, _with_threads(1, lambda: fr.sum_squares(arrays)))
+    assert fr.sum_squares([a.astype(np.float64) for a in arrays]) is None
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_scale_arrays_gives_numpys_float32_product(threads):
+    arrays = _param_like_arrays(60)
+    want = [a * np.float32(0.3) for a in arrays]
+    assert _with_threads(threads, lambda: fr.scale_arrays(arrays, 0.3))
+    assert all(np.array_equal(a, w) for a, w in zip(arrays, want))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_adamw_arrays_gives_the_bits_of_numpys_update(threads):
+    from xtrain_lessons.training.optim import _adamw_update
+
+    def state(seed):
+        thetas = _param_like_arrays(seed)
+        return [(t, _randn(*t.shape, seed=seed + 10 + i), _randn(*t.shape, seed=seed + 20 + i),
+                 np.abs(_randn(*t.shape, seed=seed + 30 + i))) for i, t in enumerate(thetas)]
+
+    mine, numpy_ = state(70), state(70)
+    hypers = [(1e-3, 0.9, 0.95, 1e-8, 0.1 if a[0].ndim == 2 else 0.0, 1 - 0.9 ** 3, (1 - 0.95 ** 3) ** 0.5, None)
+              for a in mine]
+    assert _with_threads(threads, lambda: fr.adamw_arrays(list(zip(mine, hypers))))
+    for arrays, hyper in zip(numpy_, hypers):
+        _adamw_update(*arrays, *hyper)
+    for a, b in zip(mine, numpy_):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not fr.adamw_arrays([(mine[0], hypers[0][:-1] + (np.array(True),))])  # `where`: NumPy's path
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_scale_rows_and_embedding_backward_give_numpys_bits(threads):
+    x, f = _randn(300, 2048, seed=80), _randn(300, 1, seed=81)
+    want = x * f
+    _with_threads(threads, lambda: fr.scale_rows(x, f))
+    assert np.array_equal(x, want)
+    V, D = 1000, 48
+    ids = _rng(82).integers(0, V, 5000)
+    ids[:50] = 7  # one token many times: summed in token order, as np.add.at does
+    g = _randn(5000, D, seed=83)
+    gw = np.full((V, D), np.nan, np.float32)  # every row written, the unused ones zeroed
+    _with_threads(threads, lambda: fr.embedding_bwd(ids.astype(np.int64), g, gw))
+    want = np.zeros((V, D), np.float32)
+    np.add.at(want, ids, g)
+    assert np.array_equal(gw, want)

@@ -102,12 +102,15 @@ def linear_cross_entropy(x: Tensor, w: Tensor, targets, ignore_index: int = -100
     def forward_chunk(lo, hi):
         blas.gemm(x2[lo:hi], wt, buf[lo:hi])  # MKL's sgemm or np.matmul (runtime/blas.py)
         hit[lo:hi, 0] = buf[rows[lo:hi], t_safe[lo:hi]]  # the target's logit
-        if fused:  # one C++ pass per row (runtime/host): no need for cache-sized blocks
-            return ops.softmax_rows(buf[lo:hi], buf[lo:hi], s[lo:hi], lse[lo:hi])
         for a, b in cpu_threads.grid(lo, hi, V * buf.itemsize):  # cache-sized blocks of rows
             ops.softmax_rows(buf[a:b], buf[a:b], s[a:b], lse[a:b])
 
-    cpu_threads.map_chunks(forward_chunk, cpu_threads.matmul_chunks(N, n_in, V), like=x2)
+    if fused:  # C++: the chunks' products on the pool, then one pass per row over all of them
+        cpu_threads.matmul(x2, wt, out=buf)
+        hit[:, 0] = buf[rows, t_safe]  # the target's logit
+        ops.softmax_rows(buf, buf, s, lse)
+    else:
+        cpu_threads.map_chunks(forward_chunk, cpu_threads.matmul_chunks(N, n_in, V), like=x2)
     loss = ops.mean_valid_loss(lse[:, 0] - hit[:, 0], valid, n_valid)
     held = {"buf": buf}  # the backward takes it: freed when the backward returns
     del buf
@@ -117,7 +120,10 @@ def linear_cross_entropy(x: Tensor, w: Tensor, targets, ignore_index: int = -100
             raise RuntimeError("linear_cross_entropy: backward ran twice (its buffer is reused in place)")
         b = held.pop("buf")
         f, scale = ops.softmax_grad_factors(g, s, valid, n_valid)
-        map_rows(lambda lo, hi: xp.multiply(b[lo:hi], f[lo:hi], out=b[lo:hi]), N, V * b.itemsize, like=b)
+        if fused_rows.usable(b, f):
+            fused_rows.scale_rows(b, f)
+        else:
+            map_rows(lambda lo, hi: xp.multiply(b[lo:hi], f[lo:hi], out=b[lo:hi]), N, V * b.itemsize, like=b)
         b[rows, t_safe] -= scale
         gx = gw = None
         if x.requires_grad and w.requires_grad:

@@ -274,6 +274,8 @@ def _adamw_updates(updates):
     the parameters, flattened, are laid end to end as one long row of numbers, and each
     thread updates the pieces of its span. Elementwise, so the same bits on any split; one
     hand-over to the pool per step instead of one per parameter."""
+    if fused_rows.adamw_arrays(updates):  # all float32 NumPy: one hand-over to the C++ pool
+        return
     flat, spans, end = [], [], 0
     for arrays, hyper in updates:
         theta = arrays[0]
@@ -373,6 +375,12 @@ def global_grad_norm(params, sync: bool = True):
     if not grads:
         return 0.0 if sync else np.zeros((), dtype=np.float64)
     xp = array_module(grads[0])
+    sums = fused_rows.sum_squares(grads)  # float32 on the CPU: C++, one task per gradient
+    if sums is not None:
+        total = 0.0
+        for s in sums:  # in parameter order
+            total += float(s)
+        return math.sqrt(total) if sync else np.sqrt(np.float64(total))
 
     def square_sums(i, j):  # whole gradients, one reduction each: the same bits on any split
         return [xp.sum(xp.square(g.astype(np.float64, copy=False))) for g in grads[i:j]]
@@ -390,7 +398,7 @@ def _scale_grads(plist, coef_as):
         for p in plist[i:j]:
             p.grad *= coef_as(p.grad.dtype)
 
-    if plist:
+    if plist and not fused_rows.scale_arrays([p.grad for p in plist], coef_as(np.dtype(np.float32))):
         map_items(scale, [p.grad.size for p in plist], like=plist[0].grad)
 
 

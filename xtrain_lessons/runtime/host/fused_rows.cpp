@@ -459,6 +459,88 @@ EXPORT void attention_bwd(const float* q, const float* k, const float* v, const 
     });
 }
 
+// ------------------------------------------------------------------ the optimizer's passes
+// One task per parameter array, taken by the threads one by one (the largest first, as Python
+// sorted them): a sum keeps its bits only whole, so no array is split. Elementwise passes
+// (the clip's scale, AdamW) would give the same bits on any split; whole arrays keep it simple.
+struct ArrayTask {
+    float* p;        // the array (theta for AdamW)
+    const float* g;  // AdamW: its gradient
+    float *m, *v;    // AdamW: its moments
+    i64 n;
+    float decay, one_minus_b1, b2, one_minus_b2, bc2_sqrt, eps, step;  // AdamW's constants
+    int decays;
+};
+
+template <class F> static void each_task(int n, int threads, const F& f) {
+    std::atomic<int> next{0};
+    std::vector<i64> cuts(threads + 1);
+    for (int i = 0; i <= threads; i++) cuts[i] = i;
+    par(cuts.data(), threads, [&](i64, i64) {
+        for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) f(i);
+    });
+}
+
+// out[i] = sum of p^2 over array i, in float64: 16 lanes, then the lanes in order
+EXPORT void sum_squares(const ArrayTask* tasks, int n, double* out, int threads) {
+    each_task(n, threads, [&](int i) {
+        const float* a = tasks[i].p;
+        i64 size = tasks[i].n, j = 0;
+        double acc[LANES] = {0};
+        for (; j + LANES <= size; j += LANES)
+            for (int k = 0; k < LANES; k++) acc[k] += (double)a[j + k] * (double)a[j + k];
+        for (int k = 0; j + k < size; k++) acc[k] += (double)a[j + k] * (double)a[j + k];
+        double s = 0.0;
+        for (int k = 0; k < LANES; k++) s += acc[k];
+        out[i] = s;
+    });
+}
+
+// p *= coef, one float32 rounding per element (NumPy's `grad *= np.float32(coef)`)
+EXPORT void scale_arrays(const ArrayTask* tasks, int n, float coef, int threads) {
+    each_task(n, threads, [&](int i) {
+        float* a = tasks[i].p;
+        for (i64 j = 0; j < tasks[i].n; j++) a[j] *= coef;
+    });
+}
+
+EXPORT void adamw_arrays(const ArrayTask* tasks, int n, int threads) {
+    each_task(n, threads, [&](int i) {
+        const ArrayTask& t = tasks[i];
+        adamw(t.p, t.g, t.m, t.v, 0, t.n, t.decay, t.decays, t.one_minus_b1, t.b2, t.one_minus_b2, t.bc2_sqrt,
+              t.eps, t.step);
+    });
+}
+
+// ------------------------------------------------------------------ row passes of the lm_head
+// x[r, :] *= f[r]: the cross-entropy's backward turns exp(logits - max) into its gradient
+EXPORT void scale_rows(float* x, const float* f, int V, const i64* cuts, int parts) {
+    par(cuts, parts, [&](i64 lo, i64 hi) {
+        for (i64 r = lo; r < hi; r++) {
+            float* xr = x + r * V;
+            const float fr = f[r];
+            for (int j = 0; j < V; j++) xr[j] *= fr;
+        }
+    });
+}
+
+// ------------------------------------------------------------------ embedding backward
+// gw (V, D) = sum over tokens t of g[t] into row ids[t]; the rows [lo, hi) of each part are
+// summed in token order, as np.add.at does: the same bits, split by vocabulary rows
+EXPORT void embedding_bwd(const i64* ids, i64 n_tokens, const float* g, float* gw, int D, const i64* cuts,
+                          int parts) {
+    par(cuts, parts, [&](i64 lo, i64 hi) {
+        std::memset(gw + lo * D, 0, sizeof(float) * (hi - lo) * D);
+        for (i64 t = 0; t < n_tokens; t++) {
+            i64 id = ids[t];
+            if (id < lo || id >= hi) continue;
+            float* row = gw + id * D;
+            const float* src = g + t * D;
+            for (int j = 0; j < D; j++) row[j] += src[j];
+        }
+    });
+}
+
 // ------------------------------------------------------------------ matmul chunks on the pool
 // cpu_threads.matmuls' row chunks, each one sgemm call, taken by the threads one by one (the
 // largest first, as Python sorted them): the same calls whichever thread makes them.

@@ -42,6 +42,7 @@ __all__ = ["SOURCE", "FLAGS", "usable", "available", "enabled", "disabled", "lib
            "exp", "add", "rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd", "rope",
            "causal_softmax_fwd", "causal_softmax_bwd", "softmax_exp_rows", "adamw",
            "attention_usable", "attention_fwd", "attention_bwd", "gemm_tasks",
+           "sum_squares", "scale_arrays", "adamw_arrays", "scale_rows", "embedding_bwd",
            "ref_exp", "ref_rmsnorm_fwd", "ref_rmsnorm_bwd", "ref_swiglu_fwd", "ref_swiglu_bwd",
            "ref_rope", "ref_causal_softmax_fwd", "ref_causal_softmax_bwd", "ref_softmax_exp_rows"]
 
@@ -68,9 +69,19 @@ _SIGNATURES = {
     "attention_bwd": (P, P, P, P, P, P, P, P, I32, I32, I32, I32, I32, I32, I32, F32, P, P, P, P, I32),
     "gemm_tasks": (P, I32, I32),
     "set_spin": (ctypes.c_long,),
+    "sum_squares": (P, I32, P, I32),
+    "scale_arrays": (P, I32, F32, I32),
+    "adamw_arrays": (P, I32, I32),
+    "scale_rows": (P, P, I32, P, I32),
+    "embedding_bwd": (P, I64, P, P, I32, P, I32),
 }
 _GEMM_TASK = np.dtype([("M", "i8"), ("N", "i8"), ("K", "i8"), ("lda", "i8"), ("ldb", "i8"), ("ldc", "i8"),
                        ("A", "u8"), ("B", "u8"), ("C", "u8"), ("ta", "i4"), ("tb", "i4")])  # struct GemmTask
+
+_ARRAY_TASK = np.dtype([("p", "u8"), ("g", "u8"), ("m", "u8"), ("v", "u8"), ("n", "i8"),
+                        ("decay", "f4"), ("one_minus_b1", "f4"), ("b2", "f4"), ("one_minus_b2", "f4"),
+                        ("bc2_sqrt", "f4"), ("eps", "f4"), ("step", "f4"), ("decays", "i4")],
+                       align=True)  # struct ArrayTask
 
 _lib = None  # the loaded library, False once building it failed
 _lock = threading.Lock()
@@ -292,14 +303,85 @@ def gemm_tasks(products) -> bool:
     return True
 
 
+def _task_threads(n_tasks: int) -> int:
+    return 1 if cpu_threads.in_parallel_region() else max(1, min(cpu_threads.get_threads(), n_tasks))
+
+
+def _array_table(arrays):
+    """(table, order): one ArrayTask per array, the largest first (the threads finish together)."""
+    order = sorted(range(len(arrays)), key=lambda i: -arrays[i].size)
+    table = np.zeros(len(arrays), _ARRAY_TASK)
+    table["p"] = [arrays[i].ctypes.data for i in order]
+    table["n"] = [arrays[i].size for i in order]
+    return table, order
+
+
+def sum_squares(arrays):
+    """[sum of a**2 in float64 for a in arrays] (float64 array), each array summed whole on one
+    thread in 16 lanes: the same bits for any thread count. None if they cannot all go."""
+    if not arrays or not usable(*arrays):
+        return None
+    table, order = _array_table(arrays)
+    sums = np.empty(len(arrays), np.float64)
+    library().sum_squares(table.ctypes.data, len(arrays), _p(sums), _task_threads(len(arrays)))
+    out = np.empty_like(sums)
+    out[order] = sums
+    return out
+
+
+def scale_arrays(arrays, coef) -> bool:
+    """a *= float32(coef) in place for every array (a clip's scale); False if they cannot all go."""
+    if not arrays or not usable(*arrays):
+        return False
+    table, _ = _array_table(arrays)
+    library().scale_arrays(table.ctypes.data, len(arrays), float(np.float32(coef)), _task_threads(len(arrays)))
+    return True
+
+
+def adamw_arrays(updates) -> bool:
+    """Every (theta, grad, m, v), hyper) of `updates` (training/optim.py's), in one hand-over to
+    the pool: `adamw` on whole arrays, taken by the threads one by one. False, nothing done,
+    if they cannot all go."""
+    arrays = [a for arrays, _ in updates for a in arrays]
+    if not updates or not usable(*arrays) or any(h[-1] is not None for _, h in updates):
+        return False
+    table, order = _array_table([a[0] for a, _ in updates])
+    for col, k in (("g", 1), ("m", 2), ("v", 3)):
+        table[col] = [updates[i][0][k].ctypes.data for i in order]
+    consts = [_adamw_constants(*updates[i][1][:7]) for i in order]
+    for j, col in enumerate(("decay", "decays", "one_minus_b1", "b2", "one_minus_b2", "bc2_sqrt", "eps", "step")):
+        table[col] = [c[j] for c in consts]
+    library().adamw_arrays(table.ctypes.data, len(updates), _task_threads(len(updates)))
+    return True
+
+
+def _adamw_constants(lr, b1, b2, eps, wd, bc1, bc2_sqrt):
+    """adamw's float32 constants (decay, decays, 1-b1, b2, 1-b2, bc2_sqrt, eps, step), each
+    rounded to float32 as NumPy rounds a Python float."""
+    def f32(x):
+        return float(np.float32(x))
+
+    return (f32(1.0 - lr * wd), int(wd != 0.0), f32(1.0 - b1), f32(b2), f32(1.0 - b2), f32(bc2_sqrt), f32(eps),
+            f32(-(lr / bc1)))
+
+
+def scale_rows(x, f):
+    """x[r, :] *= f[r] in place for x (N, V), f (N,) or (N, 1)."""
+    N, V = x.shape
+    _run("scale_rows", _p(x), _p(f), V, n_rows=N, row_bytes=V * 4)
+
+
+def embedding_bwd(ids, g, gw):
+    """gw (V, D) = the sum of g's rows (N, D) into rows ids (N,) of int64, np.add.at's order."""
+    V, D = gw.shape
+    _run("embedding_bwd", _p(ids), ids.size, _p(g), _p(gw), D, n_rows=V, row_bytes=D * 4)
+
+
 def adamw(theta, grad, m, v, lr, b1, b2, eps, wd, bc1, bc2_sqrt):
     """training/optim.py's AdamW update of whole flat float32 arrays, in place, in one pass;
     each constant rounded to float32 first, as NumPy rounds a Python float: the same bits."""
-    def f32(x):  # the float32 number as a Python float (ctypes rounds to float32 again: exact)
-        return float(np.float32(x))
-
-    library().adamw(_p(theta), _p(grad), _p(m), _p(v), 0, theta.size, f32(1.0 - lr * wd), wd != 0.0,
-                    f32(1.0 - b1), f32(b2), f32(1.0 - b2), f32(bc2_sqrt), f32(eps), f32(-(lr / bc1)))
+    decay, decays, *rest = _adamw_constants(lr, b1, b2, eps, wd, bc1, bc2_sqrt)
+    library().adamw(_p(theta), _p(grad), _p(m), _p(v), 0, theta.size, decay, decays, *rest)
 
 
 # ------------------------------------------------------------------ NumPy references
