@@ -270,7 +270,7 @@ def matmuls(*pairs, outs=None):
     on one thread, the same call whichever thread
     makes it, so the result does not depend on the thread count. (Cutting the rows by thread
     count instead would not do: OpenBLAS picks its kernel by the size of the product, and
-    on some CPUs another kernel sums in another order — measured in tests/test_rowwise.py.)"""
+    on some CPUs another kernel sums in another order — measured in tests/test_cpu_threads.py.)"""
     outs = list(outs) if outs is not None else [None] * len(pairs)
     if not all(isinstance(a, np.ndarray) and a.ndim == 2 and b.ndim == 2 for a, b in pairs):
         return [a @ b if o is None else np.matmul(a, b, out=o) for (a, b), o in zip(pairs, outs)]

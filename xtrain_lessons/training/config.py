@@ -84,7 +84,7 @@ class TrainConfig:
     threads: int = 0                # CPU threads of the engine (its matmuls and row blocks,
                                     # cpu_threads.set_blas_threads): N, or 0 = as the process has
                                     # them (a new process: every core, up to 8). The same bits
-                                    # with any count (tests/test_rowwise.py); `xtrain bench
+                                    # with any count (tests/test_cpu_threads.py); `xtrain bench
                                     # train --threads N` measures the speed
     dtype: str = "float32"          # T12 compute dtype: "float32", "bf16" or "fp16" (float32 master
                                     # weights and AdamW state either way; xtrain_lessons.model.precision;

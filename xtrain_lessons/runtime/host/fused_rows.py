@@ -25,12 +25,14 @@ built and the engine runs its NumPy path: the same model, other last bits.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import hashlib
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +40,7 @@ import numpy as np
 from xtrain_lessons.runtime import blas, cpu_threads
 from xtrain_lessons.runtime.cuda.emulator import KernelError, build_host_library
 
-__all__ = ["SOURCE", "FLAGS", "usable", "available", "enabled", "disabled", "library",
+__all__ = ["SOURCE", "FLAGS", "usable", "available", "enabled", "disabled", "library", "timed",
            "exp", "add", "rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd", "rope",
            "causal_softmax_fwd", "causal_softmax_bwd", "softmax_exp_rows", "adamw",
            "attention_usable", "attention_fwd", "attention_bwd", "gemm_tasks",
@@ -136,6 +138,44 @@ def disabled():
         yield
     finally:
         _off_all[0] = before
+
+
+class _Timed:
+    """The library, with the seconds of every call made outside a parallel region added up by
+    name (`timed`)."""
+
+    def __init__(self, lib, seconds):
+        self._lib, self._seconds = lib, seconds
+
+    def __getattr__(self, name):
+        fn = getattr(self._lib, name)
+
+        def call(*args):
+            if cpu_threads.in_parallel_region():  # inside someone's hand-over: counted there
+                return fn(*args)
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self._seconds[name] += time.perf_counter() - t0
+        return call
+
+
+@contextlib.contextmanager
+def timed():
+    """{kernel name: seconds} spent in the C++ kernels inside the block (T07 §7 adds them up:
+    the time the step spends in the pool's hand-overs)."""
+    global _lib
+    real = library()
+    seconds = collections.defaultdict(float)
+    if real is None:
+        yield seconds
+        return
+    _lib = _Timed(real, seconds)
+    try:
+        yield seconds
+    finally:
+        _lib = real
 
 
 def available() -> bool:
