@@ -85,6 +85,10 @@ def test_matmul_chunks_depend_on_the_shape_only():
     assert [lo for lo, _ in chunks[1:]] == [hi for _, hi in chunks[:-1]]  # contiguous, no gaps
     assert cpu_threads.matmul_chunks(3, 64, 64) == [(0, 3)]  # too small to split: one call
     assert cpu_threads.matmul_chunks(0, 64, 64) == []
+    # a short product is cut in halves, so that two threads share it (8 x 128 tokens: 2 x 512)
+    assert cpu_threads.matmul_chunks(1024, 192, 192) == [(0, 512), (512, 1024)]
+    assert cpu_threads.matmul_chunks(2048, 192, 192) == [(0, 1024), (1024, 2048)]
+    assert len(cpu_threads.matmul_chunks(300, 192, 192)) == 3  # 128-row pieces at the least
 
 
 @pytest.mark.parametrize("shape", [(300, 40, 70), (2048, 192, 512), (1, 64, 64), (601, 128, 96), (2500, 128, 300)])

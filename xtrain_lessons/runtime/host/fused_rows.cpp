@@ -27,17 +27,21 @@ typedef long long i64;
 // ------------------------------------------------------------------ the worker pool
 // Each exported kernel takes the cuts of its rows, [cuts[i], cuts[i+1]) for part i, one part
 // per thread (runs of whole grid blocks, chosen in Python: cpu_threads.runs). The caller runs
-// part 0; parts 1.. go to worker threads that wait for the next job spinning for a few tens
-// of microseconds (the next kernel of a step comes that soon), then asleep. A hand-over costs
-// about a microsecond, where waking a Python thread costs tens (T07 measures both).
+// part 0; part i > 0 goes to worker i, which waits for its next part spinning for 200
+// microseconds (the next kernel of a step comes that soon), then asleep. A hand-over costs
+// about a microsecond, where waking a Python thread costs tens (T07 measures both). Each
+// worker has its own doorbell: a job of 2 parts wakes worker 1 only, so workers made for a
+// larger thread count earlier in the process sleep instead of spinning on the cores the job needs.
 namespace pool {
 typedef void (*Body)(const void* ctx, i64 lo, i64 hi);
 struct Job { Body body; const void* ctx; const i64* cuts; int parts; };
+struct alignas(64) Doorbell { std::atomic<unsigned> rings{0}; };  // one cache line each
 
+static const int MAX_WORKERS = 255;
 static Job job;
-static std::atomic<unsigned> generation{0};  // bumped once per job
-static std::atomic<int> pending{0};          // workers still on the current job
-static std::atomic<bool> busy{false};        // a job in flight: a second caller runs inline
+static Doorbell doorbell[MAX_WORKERS + 1];  // doorbell[i]: worker i's jobs
+static std::atomic<int> pending{0};         // workers still on the current job
+static std::atomic<bool> busy{false};       // a job in flight: a second caller runs inline
 static int n_workers = 0;
 static pid_t owner = 0;  // a forked child has none of the parent's threads: it starts its own
 static std::atomic<long> spin_us{200};
@@ -48,7 +52,7 @@ static inline void relax() {
 #endif
 }
 
-// wait until `a` no longer holds `old`: spinning for SPIN, then asleep (a futex)
+// wait until `a` no longer holds `old`: spinning for spin_us, then asleep (a futex)
 template <class T> static T await_change(std::atomic<T>& a, T old) {
     auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us.load(std::memory_order_relaxed));
     for (;;) {
@@ -64,8 +68,8 @@ template <class T> static T await_change(std::atomic<T>& a, T old) {
 
 static void worker(int index, unsigned seen) {
     for (;;) {
-        seen = await_change(generation, seen);
-        if (index < job.parts) job.body(job.ctx, job.cuts[index], job.cuts[index + 1]);
+        seen = await_change(doorbell[index].rings, seen);
+        job.body(job.ctx, job.cuts[index], job.cuts[index + 1]);
         if (pending.fetch_sub(1, std::memory_order_acq_rel) == 1) pending.notify_one();
     }
 }
@@ -76,15 +80,19 @@ static void run(Body body, const void* ctx, const i64* cuts, int parts) {
         return;
     }
     if (owner != getpid()) { owner = getpid(); n_workers = 0; }
-    while (n_workers < parts - 1) {
+    int helpers = std::min(parts - 1, MAX_WORKERS);
+    while (n_workers < helpers) {
         n_workers++;
-        new std::thread(worker, n_workers, generation.load());  // never joined: lives with the process
+        new std::thread(worker, n_workers, doorbell[n_workers].rings.load());  // lives with the process
     }
     job = Job{body, ctx, cuts, parts};
-    pending.store(n_workers, std::memory_order_relaxed);
-    generation.fetch_add(1, std::memory_order_release);
-    generation.notify_all();
+    pending.store(helpers, std::memory_order_relaxed);
+    for (int i = 1; i <= helpers; i++) {
+        doorbell[i].rings.fetch_add(1, std::memory_order_release);
+        doorbell[i].rings.notify_one();
+    }
     body(ctx, cuts[0], cuts[1]);
+    for (int i = helpers + 1; i < parts; i++) body(ctx, cuts[i], cuts[i + 1]);  // more parts than workers
     for (int left = pending.load(std::memory_order_acquire); left != 0;) left = await_change(pending, left);
     busy.store(false, std::memory_order_release);
 }
@@ -240,6 +248,13 @@ static void swiglu_bwd_rows(const float* a, const float* u, const float* g, floa
 // ------------------------------------------------------------------ RoPE (sequences [lo, hi))
 // x, out (B, T, H, D); cos, sin (T, D). Pair (i, i + D/2) of each head at position t:
 // o1 = x1 c - x2 s, o2 = x2 c + x1 s (sign = -1: the inverse rotation, the backward)
+// o[i] = a[i] c[i] + b[i] (sign s[i]): one half of a head (two loops that vectorise, where one
+// loop writing both halves through pointers that may alias does not)
+static inline void rope_half(const float* __restrict__ a, const float* __restrict__ b, const float* __restrict__ c,
+                             const float* __restrict__ s, float* __restrict__ o, int h, float sign) {
+    for (int i = 0; i < h; i++) o[i] = a[i] * c[i] + b[i] * (sign * s[i]);
+}
+
 static void rope_rows(const float* x, const float* cos, const float* sin, float* out,
                  i64 lo, i64 hi, int T, int H, int D, float sign) {
     const int h = D / 2;
@@ -249,12 +264,8 @@ static void rope_rows(const float* x, const float* cos, const float* sin, float*
             const float* s = sin + (i64)t * D;
             for (int head = 0; head < H; head++) {
                 i64 base = ((b * T + t) * H + head) * D;
-                const float* xr = x + base;
-                float* o = out + base;
-                for (int i = 0; i < h; i++) {
-                    o[i] = xr[i] * c[i] - xr[i + h] * (sign * s[i]);
-                    o[i + h] = xr[i + h] * c[i + h] + xr[i] * (sign * s[i + h]);
-                }
+                rope_half(x + base, x + base + h, c, s, out + base, h, -sign);
+                rope_half(x + base + h, x + base, c + h, s + h, out + base + h, h, sign);
             }
         }
 }
