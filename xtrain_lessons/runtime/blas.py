@@ -149,11 +149,21 @@ def sgemm_address() -> tuple[int, bool, int | None] | None:
     """(address, 64-bit integers?, address of MKL_Set_Num_Threads_Local or None) of the CBLAS
     sgemm the engine uses — MKL's when loaded, else NumPy's OpenBLAS's — for C++ that
     multiplies by itself (runtime/host's attention); None when there is none to be found
-    (then the engine keeps NumPy's batched matmuls)."""
+    (then the engine keeps NumPy's batched matmuls). Looked up once per library."""
     lib = _mkl()
-    if lib is not None:
-        address = ctypes.cast(lib.cblas_sgemm, ctypes.c_void_p).value
-        return address, False, ctypes.cast(lib.MKL_Set_Num_Threads_Local, ctypes.c_void_p).value
+    key = "mkl" if lib is not None else "numpy"
+    if key not in _sgemm_found:
+        _sgemm_found[key] = _find_sgemm(lib)
+    return _sgemm_found[key]
+
+
+_sgemm_found: dict = {}
+
+
+def _find_sgemm(mkl):
+    if mkl is not None:
+        address = ctypes.cast(mkl.cblas_sgemm, ctypes.c_void_p).value
+        return address, False, ctypes.cast(mkl.MKL_Set_Num_Threads_Local, ctypes.c_void_p).value
     for lib in openblas_libraries():
         for symbol, wide in _SGEMM_SYMBOLS:
             if hasattr(lib, symbol):

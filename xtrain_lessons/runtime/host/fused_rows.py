@@ -297,11 +297,19 @@ def attention_usable(*arrays) -> bool:
     return usable(*arrays) and blas.sgemm_address() is not None
 
 
+_sgemm_set = [None]  # (library, sgemm) last set: set again only when either changes
+
+
 def _with_sgemm(fn):
-    address, wide, set_local_threads = blas.sgemm_address()
-    library().set_sgemm(address, int(wide), set_local_threads)
-    with cpu_threads.one_blas_thread():  # OpenBLAS: one thread inside each call (MKL: sequential already)
-        fn()
+    chosen, lib = blas.sgemm_address(), library()
+    if (lib, chosen) != _sgemm_set[0]:
+        address, wide, set_local_threads = chosen
+        lib.set_sgemm(address, int(wide), set_local_threads)
+        _sgemm_set[0] = (lib, chosen)
+    if chosen[2] is not None:  # MKL: one thread inside each call already (runtime/blas.py)
+        return fn()
+    with cpu_threads.one_blas_thread():  # OpenBLAS: one thread inside each call
+        return fn()
 
 
 def attention_fwd(q, k, v, out, probs, blocks, scale):
@@ -329,15 +337,15 @@ def gemm_tasks(products) -> bool:
         return False
     if not all(type(x) is np.ndarray and x.dtype == np.float32 for a, b, _ in products for x in (a, b)):
         return False  # a and b may be transposed views (a linear's g.T): blas.layout reads them
-    table = np.zeros(len(products), _GEMM_TASK)
-    for row, (a, b, out) in zip(table, products):
+    rows = []
+    for a, b, out in products:
         la, lb = blas.layout(a), blas.layout(b)
         if la is None or lb is None or 0 in a.shape or b.shape[1] == 0:
             return False
-        row["M"], row["K"], row["N"] = a.shape[0], a.shape[1], b.shape[1]
-        row["lda"], row["ldb"], row["ldc"] = la[1], lb[1], max(out.shape[1], 1)
-        row["A"], row["B"], row["C"] = a.ctypes.data, b.ctypes.data, out.ctypes.data
-        row["ta"], row["tb"] = la[0] == blas.TRANS, lb[0] == blas.TRANS
+        (M, K), N = a.shape, b.shape[1]
+        rows.append((M, N, K, la[1], lb[1], max(N, 1), a.ctypes.data, b.ctypes.data, out.ctypes.data,
+                     la[0] == blas.TRANS, lb[0] == blas.TRANS))  # struct GemmTask's fields, in order
+    table = np.array(rows, _GEMM_TASK)
     threads = 1 if cpu_threads.in_parallel_region() else min(cpu_threads.get_threads(), len(products))
     _with_sgemm(lambda: library().gemm_tasks(table.ctypes.data, len(products), threads))
     return True
