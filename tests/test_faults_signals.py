@@ -137,7 +137,7 @@ def test_launcher_forwards_sigterm_and_the_workers_checkpoint(corpus, tmp_path):
             launcher.wait()
     assert launcher.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert "SIGTERM; forwarding it to the workers" in err
-    assert "interrupted by SIGTERM: checkpoint saved" in out, out[-2000:]
+    assert "interrupted by SIGTERM: checkpoint saved" in out, out[-2000:] + "\n--- stderr ---\n" + err[-3000:]
     assert latest_checkpoint(run / "checkpoints") is not None
     assert not any(_alive(w) for w in workers)
 
@@ -184,3 +184,46 @@ def test_two_writers_of_one_run_directory(corpus, tmp_path, capsys):
             first.wait()
     steps = [json.loads(s)["step"] for s in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, len(steps) + 1))  # one writer: no duplicate rows
+
+
+def _ranks_stop_check(monkeypatch, during_all_reduce=None, peer=(0.0, 0.0, 0.0)):
+    """Trainer._should_stop of one rank of two, its all-reduce replaced: `during_all_reduce`
+    runs inside it (a signal arriving then), `peer` is what the other rank contributes."""
+    from types import SimpleNamespace
+
+    from xtrain_lessons.training import loop
+
+    def fake_agree_max(values):
+        if during_all_reduce:
+            during_all_reduce()
+        return [max(float(v), p) for v, p in zip(values, peer)]
+
+    monkeypatch.setattr(loop, "agree_max", fake_agree_max)
+    trainer = SimpleNamespace(cfg=SimpleNamespace(time_limit=0), t_start=0.0, ddp=object(), status="done",
+                              signum=None)
+    return trainer, lambda sigint: loop.Trainer._should_stop(trainer, sigint)
+
+
+def test_a_signal_during_the_ranks_agreement_is_not_lost(monkeypatch):
+    """The handler ran while the ranks agreed on 'no stop' (both ranks get the launcher's
+    signal at once, while they wait in that all-reduce): the next boundary stops."""
+    from xtrain_lessons.training.loop import _SigintDefer
+
+    sigint = _SigintDefer()
+    trainer, should_stop = _ranks_stop_check(
+        monkeypatch, during_all_reduce=lambda: sigint._handler(signal.SIGTERM, None) if not sigint.requested else None)
+    assert not should_stop(sigint)  # this step: both ranks had agreed to go on
+    assert should_stop(sigint) and trainer.status == "interrupted" and trainer.signum == signal.SIGTERM
+
+
+def test_a_rank_stopped_by_its_peer_takes_its_own_signal_as_the_first(monkeypatch):
+    """The peer got SIGTERM first: this rank stops, naming it; its own SIGTERM, a moment later
+    (while it saves), is a first signal, not a second one (no KeyboardInterrupt)."""
+    from xtrain_lessons.training.loop import _SigintDefer
+
+    sigint = _SigintDefer()
+    trainer, should_stop = _ranks_stop_check(monkeypatch, peer=(1.0, 0.0, float(signal.SIGTERM)))
+    assert should_stop(sigint) and trainer.status == "interrupted" and trainer.signum == signal.SIGTERM
+    sigint._handler(signal.SIGTERM, None)  # no KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        sigint._handler(signal.SIGTERM, None)  # a real second one still stops at once

@@ -36,7 +36,7 @@ import numpy as np
 from xtrain_lessons.parallel import collectives
 from xtrain_lessons.runtime.device import array_module
 
-__all__ = ["DDP", "shard", "micro_batches", "accumulate_gradients", "average_scalar", "agree_any",
+__all__ = ["DDP", "shard", "micro_batches", "accumulate_gradients", "average_scalar", "agree_any", "agree_max",
            "setup_from_env"]
 
 
@@ -178,6 +178,16 @@ def agree_any(flags, dist=None) -> list[bool]:
     if dist.world_size() > 1:
         dist.all_reduce(a, "max")
     return [bool(v) for v in a]
+
+
+def agree_max(values, dist=None) -> list[float]:
+    """Each value replaced by its maximum over the ranks (one all-reduce of float64): flags
+    (True on any rank) and small numbers such as a signal's, agreed in one message."""
+    dist = collectives if dist is None else dist
+    a = np.array([float(v) for v in values], dtype=np.float64)
+    if dist.world_size() > 1:
+        dist.all_reduce(a, "max")
+    return [float(v) for v in a]
 
 
 def setup_from_env(timeout: float | None = None):

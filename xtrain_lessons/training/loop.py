@@ -80,7 +80,7 @@ from xtrain_lessons.parallel import collectives
 from xtrain_lessons.parallel.ddp import (
     DDP,
     accumulate_gradients,
-    agree_any,
+    agree_max,
     average_scalar,
     micro_batches,
     setup_from_env,
@@ -157,8 +157,11 @@ def train(cfg: TrainConfig | None = None, *, resume: str | os.PathLike | None = 
     with lock or _nothing(), cpu_threads.blas_threads_set(cfg.threads or _cores_per_process()):
         run.setup()
         run.resume(from_checkpoint) if conf is not None else run.start()
-        run.loop(cfg.steps if stop_at is None else min(cfg.steps, stop_at))
-        return run.finish()
+        # Ctrl-C / SIGTERM deferred through the last checkpoint too: under `xtrain launch` a
+        # rank told to stop by its peer may get its own signal only while it saves
+        with _SigintDefer() as sigint:
+            run.loop(cfg.steps if stop_at is None else min(cfg.steps, stop_at), sigint)
+            return run.finish()
 
 
 class _nothing:
@@ -210,7 +213,12 @@ def _cores_per_process() -> int:
 
 class _SigintDefer:
     """While active, the first Ctrl-C or SIGTERM only sets a flag (the loop stops at the next
-    step boundary, with a checkpoint); a second one raises KeyboardInterrupt at once."""
+    step boundary, with a checkpoint); a second one raises KeyboardInterrupt at once.
+
+    The flag is only ever set here: the loop reads it, never writes it. (It used to write back
+    what the ranks agreed, and a signal whose handler ran just after that all-reduce and
+    before the assignment was lost; or a rank told to stop by its peer took its own signal,
+    arriving a moment later, for the second one.)"""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -440,8 +448,8 @@ class Trainer:
                  + (f"; time limit {cfg.time_limit:.0f}s" if cfg.time_limit else ""))
 
     # ----- the loop ------------------------------------------------------------------------
-    def loop(self, end: int) -> None:
-        """Steps until `end`, a stop request, the time limit or a divergence."""
+    def loop(self, end: int, sigint: "_SigintDefer") -> None:
+        """Steps until `end`, a stop request (`sigint`), the time limit or a divergence."""
         cfg = self.cfg
         # T07: host synchronisations only at logging points (see TrainConfig.log_every)
         self.log_every = cfg.log_every or (10 if self.device == "cuda" else 1)
@@ -454,13 +462,12 @@ class Trainer:
                         dynamic_ncols=True, desc="train", unit="step", file=sys.stderr)
         self.mf = open(self.metrics_path, "a", encoding="utf-8")
         try:
-            with _SigintDefer() as sigint:
-                while self.step < end:
-                    if self._should_stop(sigint) or not self._guarded_step():
-                        break
-                    if self._at_logging_point(end):
-                        self.log()
-                self._write(self._read_pending())  # stopped between logging points
+            while self.step < end:
+                if self._should_stop(sigint) or not self._guarded_step():
+                    break
+                if self._at_logging_point(end):
+                    self.log()
+            self._write(self._read_pending())  # stopped between logging points
         except TrainingDiverged as e:
             self.status, self.message = "diverged", str(e)
         finally:
@@ -470,13 +477,13 @@ class Trainer:
 
     def _should_stop(self, sigint) -> bool:
         over_time = bool(self.cfg.time_limit) and time.perf_counter() - self.t_start > self.cfg.time_limit
-        if self.ddp is not None:  # T17: every rank stops at the same step
-            sigint.requested, over_time = agree_any([sigint.requested, over_time])
-        if sigint.requested or over_time:
-            self.status = "interrupted" if sigint.requested else "time_limit"
-            self.signum = sigint.signum
+        requested, signum = sigint.requested, sigint.signum or 0  # read once: a handler may run any time
+        if self.ddp is not None:  # T17: every rank stops at the same step, naming the same signal
+            requested, over_time, signum = agree_max([requested, over_time, signum])
+        if requested or over_time:
+            self.status = "interrupted" if requested else "time_limit"
+            self.signum = int(signum) or None
             return True
-        self.sigint = sigint
         return False
 
     def _guarded_step(self) -> bool:
