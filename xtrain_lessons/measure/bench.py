@@ -14,9 +14,11 @@ compilation, reported and excluded), then `--rounds` rounds of one block per ste
 without one's idle worker threads slowing the other's step. Reports the median tokens/s of
 each, their FLOP/s against the machine's measured float32 matmul peak (the best of a large
 ``np.matmul`` and of the engine's own matmul, before and after), i.e. the model FLOPs utilisation (MFU), and the peak memory
-of one more step as the growth of the process's resident set (`peak_rss_delta`). Last line:
+of one more step as the growth of the process's resident set (`peak_rss_delta`). The first
+and the last line give the load average (timings taken beside other work are not comparable).
+Last line:
 
-    throughput vs torch: eager R.RRx, sdpa R.RRx, compile R.RRx (engine E tok/s, MFU M%)
+    throughput vs torch: eager R.RRx, sdpa R.RRx, compile R.RRx (engine E tok/s, MFU M%; load average now L1 L5 L15)
 
 FLOPs per trained token = 6 × (matmul parameters: every weight matrix except the
 embedding, whose forward is a gather) + 12 × n_layers × T × n_heads × head_dim (scores
@@ -187,7 +189,7 @@ def run_train_bench(args) -> int:
     warm, *batches = _batches(config.vocab_size, B, T, 1 + args.rounds * (args.steps + 1))
     print(f"bench train: preset {args.preset} ({config.n_params() / 1e6:.2f}M params, vocab "
           f"{config.vocab_size}), batch {B} x {T} = {tokens} tokens/step, {args.rounds} rounds x "
-          f"{args.steps} timed steps, {os.cpu_count()} CPUs")
+          f"{args.steps} timed steps, {os.cpu_count()} CPUs, load average {_load_average()}")
     threads = args.threads or os.cpu_count() or 1
     set_blas_threads(threads)
     keep_freed_memory()  # as xtrain train does; the torch baselines in this process get it too
@@ -224,5 +226,14 @@ def run_train_bench(args) -> int:
         return 0
     ratios = ", ".join(f"{n} {tps['engine'] / tps[n]:.2f}x" for n in against)
     print(f"throughput vs torch: {ratios} (engine {tps['engine']:,.0f} tok/s, "
-          f"MFU {100 * mfu['engine']:.1f}%)")
+          f"MFU {100 * mfu['engine']:.1f}%; load average now {_load_average()})")
     return 0
+
+
+def _load_average() -> str:
+    """The 1, 5 and 15-minute load averages ('n/a' where the OS has none): timings taken while
+    something else runs are not worth comparing."""
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except (AttributeError, OSError):
+        return "n/a"

@@ -387,7 +387,7 @@ def scale_arrays(arrays, coef) -> bool:
 
 
 def adamw_arrays(updates) -> bool:
-    """Every (theta, grad, m, v), hyper) of `updates` (training/optim.py's), in one hand-over to
+    """Every ((theta, grad, m, v), hyper) of `updates` (training/optim.py's), in one hand-over to
     the pool: `adamw` on whole arrays, taken by the threads one by one. False, nothing done,
     if they cannot all go."""
     arrays = [a for arrays, _ in updates for a in arrays]
