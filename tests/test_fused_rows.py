@@ -218,7 +218,7 @@ def test_adamw_gives_the_bits_of_the_numpy_update(wd):
     mine = [a.copy() for a in arrays]
     hyper = (3e-3, 0.9, 0.95, 1e-8, wd, 1 - 0.9 ** 7, (1 - 0.95 ** 7) ** 0.5)
     _adamw_update(*arrays, *hyper)
-    fr.adamw(*mine, *hyper)
+    assert fr.adamw_arrays([(tuple(mine), hyper + (None,))]) == []
     for want, got in zip(arrays, mine):
         assert np.array_equal(want, got)
 
@@ -377,12 +377,13 @@ def test_adamw_arrays_gives_the_bits_of_numpys_update(threads):
     mine, numpy_ = state(70), state(70)
     hypers = [(1e-3, 0.9, 0.95, 1e-8, 0.1 if a[0].ndim == 2 else 0.0, 1 - 0.9 ** 3, (1 - 0.95 ** 3) ** 0.5, None)
               for a in mine]
-    assert _with_threads(threads, lambda: fr.adamw_arrays(list(zip(mine, hypers))))
+    assert _with_threads(threads, lambda: fr.adamw_arrays(list(zip(mine, hypers)))) == []
     for arrays, hyper in zip(numpy_, hypers):
         _adamw_update(*arrays, *hyper)
     for a, b in zip(mine, numpy_):
         assert all(np.array_equal(x, y) for x, y in zip(a, b))
-    assert not fr.adamw_arrays([(mine[0], hypers[0][:-1] + (np.array(True),))])  # `where`: NumPy's path
+    where = [(mine[0], hypers[0][:-1] + (np.array(True),))]  # `where`: NumPy's path
+    assert fr.adamw_arrays(where) == where
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])

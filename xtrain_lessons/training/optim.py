@@ -273,11 +273,10 @@ def _adamw_updates(updates):
     """Every parameter's update, spread over the engine's threads in ONE cpu_threads.map_rows:
     the parameters, flattened, are laid end to end as one long row of numbers, and each
     thread updates the pieces of its span. Elementwise, so the same bits on any split; one
-    hand-over to the pool per step instead of one per parameter."""
-    if fused_rows.adamw_arrays(updates):  # all float32 NumPy: one hand-over to the C++ pool
-        return
+    hand-over to the pool per step instead of one per parameter. The float32 NumPy ones go
+    to runtime/host's C++ AdamW first (one hand-over to its pool, the same bits)."""
     flat, spans, end = [], [], 0
-    for arrays, hyper in updates:
+    for arrays, hyper in fused_rows.adamw_arrays(updates):
         theta = arrays[0]
         if isinstance(theta, np.ndarray) and all(a.flags.c_contiguous for a in arrays):
             flat.append(([a.reshape(-1) for a in arrays], hyper))
@@ -295,11 +294,7 @@ def _adamw_updates(updates):
             a, b = spans[i]
             piece = slice(max(lo, a) - a, min(hi, b) - a)
             arrays, hyper = flat[i]
-            pieces = [x[piece] for x in arrays]
-            if hyper[-1] is None and fused_rows.usable(*pieces):  # one C++ pass, the same bits
-                fused_rows.adamw(*pieces, *hyper[:-1])
-            else:
-                _adamw_update(*pieces, *hyper)
+            _adamw_update(*(x[piece] for x in arrays), *hyper)
             i += 1
 
     map_rows(run, end, flat[0][0][0].itemsize)

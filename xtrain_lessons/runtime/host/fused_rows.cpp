@@ -311,12 +311,12 @@ static void softmax_exp_rows_rows(float* x, float* s, float* lse, i64 lo, i64 hi
     }
 }
 
-// ------------------------------------------------------------------ AdamW (elements [lo, hi))
+// ------------------------------------------------------------------ AdamW (one array of n)
 // training/optim.py's _adamw_update in one pass, operation for operation (the constants come
 // from Python already rounded to float32, as NumPy rounds them): the same bits as NumPy.
-EXPORT void adamw(float* p, const float* g, float* m, float* v, i64 lo, i64 hi, float decay, int decays,
+static void adamw(float* p, const float* g, float* m, float* v, i64 n, float decay, int decays,
                   float one_minus_b1, float b2, float one_minus_b2, float bc2_sqrt, float eps, float step) {
-    for (i64 i = lo; i < hi; i++) {
+    for (i64 i = 0; i < n; i++) {
         float pi = decays ? p[i] * decay : p[i];
         float mi = m[i] + one_minus_b1 * (g[i] - m[i]);
         float vi = v[i] * b2;
@@ -483,6 +483,7 @@ struct ArrayTask {
     int decays;
 };
 
+// f(0) .. f(n-1) on `threads` threads, each taking the next task nobody has started
 template <class F> static void each_task(int n, int threads, const F& f) {
     std::atomic<int> next{0};
     std::vector<i64> cuts(threads + 1);
@@ -518,7 +519,7 @@ EXPORT void scale_arrays(const ArrayTask* tasks, int n, float coef, int threads)
 EXPORT void adamw_arrays(const ArrayTask* tasks, int n, int threads) {
     each_task(n, threads, [&](int i) {
         const ArrayTask& t = tasks[i];
-        adamw(t.p, t.g, t.m, t.v, 0, t.n, t.decay, t.decays, t.one_minus_b1, t.b2, t.one_minus_b2, t.bc2_sqrt,
+        adamw(t.p, t.g, t.m, t.v, t.n, t.decay, t.decays, t.one_minus_b1, t.b2, t.one_minus_b2, t.bc2_sqrt,
               t.eps, t.step);
     });
 }
@@ -564,13 +565,8 @@ struct GemmTask {
 };
 
 EXPORT void gemm_tasks(const GemmTask* tasks, int n, int threads) {
-    std::atomic<int> next{0};
-    std::vector<i64> cuts(threads + 1);
-    for (int i = 0; i <= threads; i++) cuts[i] = i;
-    par(cuts.data(), threads, [&](i64, i64) {
-        for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
-            const GemmTask& t = tasks[i];
-            sgemm(t.ta, t.tb, t.M, t.N, t.K, t.A, t.lda, t.B, t.ldb, 0.0f, t.C, t.ldc);
-        }
+    each_task(n, threads, [&](int i) {
+        const GemmTask& t = tasks[i];
+        sgemm(t.ta, t.tb, t.M, t.N, t.K, t.A, t.lda, t.B, t.ldb, 0.0f, t.C, t.ldc);
     });
 }

@@ -42,7 +42,7 @@ from xtrain_lessons.runtime.cuda.emulator import KernelError, build_host_library
 
 __all__ = ["SOURCE", "FLAGS", "usable", "available", "enabled", "disabled", "library", "timed",
            "exp", "add", "rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd", "rope",
-           "causal_softmax_fwd", "causal_softmax_bwd", "softmax_exp_rows", "adamw",
+           "causal_softmax_fwd", "causal_softmax_bwd", "softmax_exp_rows",
            "attention_usable", "attention_fwd", "attention_bwd", "gemm_tasks",
            "sum_squares", "scale_arrays", "adamw_arrays", "scale_rows", "embedding_bwd",
            "ref_exp", "ref_rmsnorm_fwd", "ref_rmsnorm_bwd", "ref_swiglu_fwd", "ref_swiglu_bwd",
@@ -65,7 +65,6 @@ _SIGNATURES = {
     "causal_softmax_fwd": (P, I32, I32, F32, P, I32),
     "causal_softmax_bwd": (P, P, I32, I32, F32, P, I32),
     "softmax_exp_rows": (P, P, P, I32, P, I32),
-    "adamw": (P, P, P, P, I64, I64, F32, I32, F32, F32, F32, F32, F32, F32),
     "set_sgemm": (P, I32, P),
     "attention_fwd": (P, P, P, P, P, P, P, P, I32, I32, I32, I32, I32, I32, I32, F32, P, I32),
     "attention_bwd": (P, P, P, P, P, P, P, P, I32, I32, I32, I32, I32, I32, I32, F32, P, P, P, P, I32),
@@ -346,7 +345,7 @@ def gemm_tasks(products) -> bool:
         rows.append((M, N, K, la[1], lb[1], max(N, 1), a.ctypes.data, b.ctypes.data, out.ctypes.data,
                      la[0] == blas.TRANS, lb[0] == blas.TRANS))  # struct GemmTask's fields, in order
     table = np.array(rows, _GEMM_TASK)
-    threads = 1 if cpu_threads.in_parallel_region() else min(cpu_threads.get_threads(), len(products))
+    threads = _task_threads(len(products))
     _with_sgemm(lambda: library().gemm_tasks(table.ctypes.data, len(products), threads))
     return True
 
@@ -386,21 +385,24 @@ def scale_arrays(arrays, coef) -> bool:
     return True
 
 
-def adamw_arrays(updates) -> bool:
-    """Every ((theta, grad, m, v), hyper) of `updates` (training/optim.py's), in one hand-over to
-    the pool: `adamw` on whole arrays, taken by the threads one by one. False, nothing done,
-    if they cannot all go."""
-    arrays = [a for arrays, _ in updates for a in arrays]
-    if not updates or not usable(*arrays) or any(h[-1] is not None for _, h in updates):
-        return False
-    table, order = _array_table([a[0] for a, _ in updates])
+def adamw_arrays(updates) -> list:
+    """training/optim.py's AdamW update, in place, for every ((theta, grad, m, v), hyper) of
+    `updates` that can go (float32 NumPy arrays, no `where`), in one hand-over to the pool:
+    whole arrays taken by the threads one by one, each constant rounded to float32 first as
+    NumPy rounds a Python float, so NumPy's bits. Returns the updates it left to the caller."""
+    mine, rest = [], []
+    for arrays, hyper in updates:
+        (mine if hyper[-1] is None and usable(*arrays) else rest).append((arrays, hyper))
+    if not mine:
+        return rest
+    table, order = _array_table([arrays[0] for arrays, _ in mine])
     for col, k in (("g", 1), ("m", 2), ("v", 3)):
-        table[col] = [updates[i][0][k].ctypes.data for i in order]
-    consts = [_adamw_constants(*updates[i][1][:7]) for i in order]
+        table[col] = [mine[i][0][k].ctypes.data for i in order]
+    consts = [_adamw_constants(*mine[i][1][:7]) for i in order]
     for j, col in enumerate(("decay", "decays", "one_minus_b1", "b2", "one_minus_b2", "bc2_sqrt", "eps", "step")):
         table[col] = [c[j] for c in consts]
-    library().adamw_arrays(table.ctypes.data, len(updates), _task_threads(len(updates)))
-    return True
+    library().adamw_arrays(table.ctypes.data, len(mine), _task_threads(len(mine)))
+    return rest
 
 
 def _adamw_constants(lr, b1, b2, eps, wd, bc1, bc2_sqrt):
@@ -423,13 +425,6 @@ def embedding_bwd(ids, g, gw):
     """gw (V, D) = the sum of g's rows (N, D) into rows ids (N,) of int64, np.add.at's order."""
     V, D = gw.shape
     _run("embedding_bwd", _p(ids), ids.size, _p(g), _p(gw), D, n_rows=V, row_bytes=D * 4)
-
-
-def adamw(theta, grad, m, v, lr, b1, b2, eps, wd, bc1, bc2_sqrt):
-    """training/optim.py's AdamW update of whole flat float32 arrays, in place, in one pass;
-    each constant rounded to float32 first, as NumPy rounds a Python float: the same bits."""
-    decay, decays, *rest = _adamw_constants(lr, b1, b2, eps, wd, bc1, bc2_sqrt)
-    library().adamw(_p(theta), _p(grad), _p(m), _p(v), 0, theta.size, decay, decays, *rest)
 
 
 # ------------------------------------------------------------------ NumPy references
