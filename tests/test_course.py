@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from xtrain_lessons.course.checks import Mismatch, NotYet, assert_close, check, check_fn, require_solved
+from xtrain_lessons.course.checks import (ClaimFailed, Mismatch, NotYet, assert_close, check, check_fn, claim,
+                                          require_solved)
 
 
 def ref(x):
@@ -159,3 +160,11 @@ def test_widest_reduction_tells_a_streamed_softmax_from_a_full_one():
         return m
     x = np.random.default_rng(0).standard_normal((3, 50))
     assert widest_reduction(full, x, 8) == 50 and widest_reduction(streamed, x, 8) == 8
+
+
+def test_a_claim_prints_when_it_holds_and_raises_with_its_figures_when_not(capsys):
+    claim("two is more than one", 2 > 1, "2 vs 1")
+    assert capsys.readouterr().out == "✔ two is more than one\n"  # the figures only on a failure
+    with pytest.raises(ClaimFailed, match=r"claim does not hold: one is more than two \(1 vs 2\)"):
+        claim("one is more than two", np.bool_(1 > 2), "1 vs 2")
+    assert capsys.readouterr().out == ""

@@ -4,13 +4,14 @@ package's GPU code paths run in CI — kernels, fused AdamW, Philox dropout, a w
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import numpy as np
 import pytest
 
 import fake_cupy
-from xtrain_lessons.runtime import device
+from xtrain_lessons.runtime import blas, device
 from xtrain_lessons.runtime import cuda as cuda_kernels
 from xtrain_lessons.runtime.host import fused_rows
 
@@ -107,11 +108,16 @@ def corpus(tmp_path_factory):
     return small_corpus(tmp_path_factory.mktemp("corpus") / "small.txt")
 
 
-def _run(corpus, out: Path, device_name: str, extra, monkeypatch) -> tuple[list[dict], dict]:
+def _run(corpus, out: Path, device_name: str, extra, monkeypatch, numpy_path=False) -> tuple[list[dict], dict]:
+    """One `xtrain train` run: its metrics and its last checkpoint's weights. numpy_path: the CPU
+    engine's other implementation (runtime/host's C++ kernels off, NumPy's own BLAS)."""
     monkeypatch.setenv("XTRAIN_DEVICE", device_name)
     device.set_device(device_name)
-    # the CPU run takes the engine's NumPy path (runtime/host's C++ row kernels off): what CuPy runs
-    with fused_rows.disabled():
+    other = contextlib.ExitStack()
+    if numpy_path:
+        other.enter_context(fused_rows.disabled())
+        other.enter_context(blas.numpy_only())
+    with other:
         assert main.main(["train", "--device", device_name, "--data", str(corpus), "--out", str(out), *FLAGS,
                           *extra]) == 0
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -119,38 +125,76 @@ def _run(corpus, out: Path, device_name: str, extra, monkeypatch) -> tuple[list[
     return metrics, load_file(str(out / "checkpoints" / latest / "model.safetensors"))
 
 
-# extra flags -> (relative tolerance on each step's loss, on each weight tensor's norm of the
-# difference). float32 and fp16: the same NumPy arithmetic on both paths (fused AdamW's kernel
-# vs optim.AdamW differ by float32 rounding); bf16: on CuPy the bf16 activations are float32
-# arrays holding bf16 values; the gradient arriving at each is rounded to bf16 once, where the
-# CPU engine also rounds each partial sum of a fan-out, and AdamW (lr 1e-2) turns a tiny
-# gradient's changed sign into a full step of the other sign: losses agree to ~1e-6, weights
-# (norm of the difference) to 1.3% at worst on this run (6% before the incoming gradients
-# were rounded), hence 3%. The tolerances were measured on this corpus slice with the `tokenizers`
-# BPE (--tokenizer-impl hf, pinned in FLAGS): another tokenizer gives other batches, on which the
-# two bf16 paths drift apart at another rate (3e-4 per step with the course's BPE).
+def _distances(weights, ref) -> dict:
+    """|w - ref| / |ref| per tensor, and over all tensors together under the key None."""
+    d = {k: float(np.linalg.norm(weights[k].astype(np.float64) - ref[k]) / np.linalg.norm(ref[k])) for k in ref}
+    d[None] = float(np.sqrt(sum(np.sum((weights[k].astype(np.float64) - ref[k]) ** 2) for k in ref)
+                            / sum(np.sum(ref[k].astype(np.float64) ** 2) for k in ref)))
+    return d
+
+
+def _loss_spread(metrics, ref) -> float:
+    return max(abs(a["train_loss"] - b["train_loss"]) / abs(b["train_loss"]) for a, b in zip(metrics, ref))
+
+
+# Two float32 implementations of one training run agree only up to rounding, and AdamW turns a
+# rounding-sized difference in a near-zero gradient into a full step of either sign: after six
+# steps at lr 1e-2 some weights differ by far more than one rounding, by an amount that depends on
+# the CPU and the BLAS (a fixed tolerance measured on one machine failed on another). So the CuPy
+# path is measured against the CPU engine's own spread: the same run on the CPU engine's other
+# implementation (its NumPy path on NumPy's BLAS; the C++ kernels and MKL are the default). The
+# CuPy path must stay within MARGIN x that spread, tensor by tensor and in the loss of every step.
+# MARGIN: the stand-in's path differs from the CPU default in as many places as the NumPy path does
+# (measured: 1.0x the spread on an AMD EPYC with MKL, float32 and dropout); 4x leaves room for a
+# CPU where the two spreads fall differently, while a wrong kernel moves weights by 1e-2, 100x more.
+MARGIN = 4.0
 CASES = {
-    "float32": ([], 1e-5, 1e-4),
-    "fp16": (["--dtype", "fp16", "--accum-steps", "2"], 1e-5, 1e-4),
-    "bf16": (["--dtype", "bf16"], 1e-4, 3e-2),
-    "dropout": (["--dropout", "0.1"], 1e-5, 1e-4),
-    "flash": (["--attention", "flash"], 1e-5, 1e-4),
+    "float32": [],
+    "dropout": ["--dropout", "0.1"],
+    "flash": ["--attention", "flash"],
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_xtrain_train_device_cuda_matches_the_cpu_run(case, corpus, tmp_path, gpu, monkeypatch):
-    extra, tol, w_tol = CASES[case]
+    extra = CASES[case]
     m_cpu, w_cpu = _run(corpus, tmp_path / "cpu", "cpu", extra, monkeypatch)
+    m_alt, w_alt = _run(corpus, tmp_path / "alt", "cpu", extra, monkeypatch, numpy_path=True)
     launches = gpu.stats["kernel_launches"]
     m_gpu, w_gpu = _run(corpus, tmp_path / "gpu", "cuda", extra, monkeypatch)
     assert gpu.stats["kernel_launches"] >= launches + 6  # fused AdamW: one launch per step at least
     assert len(m_gpu) == len(m_cpu) == 6
-    for a, b in zip(m_cpu, m_gpu):
-        assert abs(a["train_loss"] - b["train_loss"]) <= tol * abs(a["train_loss"]), (a, b)
-        assert b.get("loss_scale") == a.get("loss_scale")
+    u = 2.0 ** -24  # a floor for a spread of zero (the two CPU paths agreeing on every step's loss)
+    assert _loss_spread(m_gpu, m_cpu) <= MARGIN * max(_loss_spread(m_alt, m_cpu), 4 * u)
+    spread, d_gpu = _distances(w_alt, w_cpu), _distances(w_gpu, w_cpu)
+    assert spread[None] > 0, "the two CPU implementations gave the same bits: no yardstick"
+    worst = max(spread.values())
+    for k, d in d_gpu.items():
+        assert d <= MARGIN * worst, (k, d, worst)
+
+
+LOW_PRECISION = {"bf16": ["--dtype", "bf16"], "fp16": ["--dtype", "fp16", "--accum-steps", "2"]}
+
+
+@pytest.mark.parametrize("case", sorted(LOW_PRECISION))
+def test_xtrain_train_device_cuda_low_precision_is_the_cpus(case, corpus, tmp_path, gpu, monkeypatch):
+    """bf16 and fp16 round every activation, and the CuPy path rounds in other places than the
+    CPU engine (bf16's fan-in sums, for one), so the runs are farther apart than float32
+    rounding. The claim is that it is the same low-precision computation: the CuPy run is closer
+    to the CPU's run in the same dtype than the CPU's float32 run is, over all weights and in every
+    step's loss, and within 2x of that distance for every tensor (measured, bf16: 0.31x over all
+    weights, 0.88x for the worst tensor, 0.04x in the loss); fp16's loss scale takes the same
+    values on both devices."""
+    extra = LOW_PRECISION[case]
+    m_cpu, w_cpu = _run(corpus, tmp_path / "cpu", "cpu", extra, monkeypatch)
+    m_f32, w_f32 = _run(corpus, tmp_path / "f32", "cpu", [], monkeypatch)
+    m_gpu, w_gpu = _run(corpus, tmp_path / "gpu", "cuda", extra, monkeypatch)
+    assert [b.get("loss_scale") for b in m_gpu] == [a.get("loss_scale") for a in m_cpu]
+    assert _loss_spread(m_gpu, m_cpu) < _loss_spread(m_f32, m_cpu)
+    d_gpu, d_f32 = _distances(w_gpu, w_cpu), _distances(w_f32, w_cpu)
+    assert d_gpu[None] < d_f32[None]
     for k in w_cpu:
-        assert np.linalg.norm(w_gpu[k] - w_cpu[k]) <= w_tol * np.linalg.norm(w_cpu[k]), k
+        assert d_gpu[k] <= 2 * d_f32[k], (k, d_gpu[k], d_f32[k])
 
 
 @pytest.mark.parametrize("dtype,per_step", [("float32", 0), ("fp16", 1)])

@@ -1,10 +1,12 @@
 """One source of truth: learner notebooks are generated from the solutions, and stay fresh."""
 
+import os
+
 import nbformat
 import pytest
 
 from xtrain_lessons.course import notebooks
-from xtrain_lessons.course.notebooks import NotebookError, strip_source
+from xtrain_lessons.course.notebooks import REPO, NotebookError, strip_source
 
 PY = '''def f(x):
     """doc"""
@@ -81,3 +83,20 @@ def test_build_is_idempotent(tmp_path, monkeypatch):
     first = notebooks.build()
     assert len(first) == len(notebooks.solution_paths())
     assert notebooks.build() == []
+
+
+def test_learner_notebooks_start_their_kernels_under_the_other_blas(monkeypatch):
+    """The root conftest gives the kernels of notebooks/ XTRAIN_BLAS=numpy and every other item the
+    environment pytest started with: the two copies of a notebook run under two BLAS libraries."""
+    import importlib.util  # noqa: PLC0415
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    spec = importlib.util.spec_from_file_location("root_conftest", REPO / "conftest.py")
+    root = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(root)
+    monkeypatch.delenv("XTRAIN_BLAS", raising=False)
+    root._saved_env["XTRAIN_BLAS"] = None
+    root.pytest_runtest_setup(SimpleNamespace(fspath=REPO / "notebooks" / "T05_transformer.ipynb"))
+    assert os.environ["XTRAIN_BLAS"] == "numpy"
+    root.pytest_runtest_setup(SimpleNamespace(fspath=REPO / "solutions" / "T05_transformer.ipynb"))
+    assert "XTRAIN_BLAS" not in os.environ

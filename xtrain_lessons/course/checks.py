@@ -12,6 +12,13 @@ the function later cells should use: the learner's when it passes, the reference
 `check` runs any zero-argument test (plain asserts, `assert_close`, `require_solved`).
 `check_composed` runs a test built from several exercises' functions and names the one that
 differs; `widest_reduction` tells whether a function reduced more values at once than a chunk.
+
+A notebook's own claims (what its Measure section computes) go through `claim`: it prints the
+statement when it holds and raises `ClaimFailed` with the measured figures when it does not, so a
+claim is never stored as a printed `False`:
+
+    claim("accumulation as close to the float64 run as one big batch", d_acc <= 2 * d_one,
+          f"{d_acc:.2e} vs {d_one:.2e}")
 """
 
 from __future__ import annotations
@@ -38,6 +45,10 @@ class NotYet(Exception):
 
 class Mismatch(AssertionError):
     """Raised by `assert_close` with a message that names the first mismatch."""
+
+
+class ClaimFailed(AssertionError):
+    """Raised by `claim` when a notebook's computed claim does not hold."""
 
 
 # Kernel results that are NaN or garbage: the usual causes, most frequent first.
@@ -117,6 +128,15 @@ def _report_mismatch(a64: np.ndarray, e64: np.ndarray, atol: float, rtol: float,
             f"{float(err[idx]):.3g}{where} (got {a64[idx]:.6g}, expected {e64[idx]:.6g}; "
             f"atol {atol:.1g}, rtol {rtol:.1g})"
         )
+
+
+def claim(statement: str, holds: Any, figures: str = "") -> None:
+    """Print `✔ statement` when `holds` is true; raise ClaimFailed naming the statement and
+    `figures` (the measured numbers it rests on) when it is not. `figures` are shown only on a
+    failure: a claim's printed line must not depend on the last bits of the machine's arithmetic."""
+    if not bool(holds):
+        raise ClaimFailed(f"claim does not hold: {statement}" + (f" ({figures})" if figures else ""))
+    print(f"✔ {statement}")
 
 
 def require_solved(source: str) -> None:

@@ -27,20 +27,22 @@ from xtrain_lessons.runtime.cpu_threads import set_blas_threads
 from xtrain_lessons.training.optim import AdamW, clip_grad_norm
 
 
-def _tiny_model(seed=0):
+def _tiny_model(seed=0, dtype="float32"):
     cfg = Config(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
                  ffn_dim=64, max_seq_len=32)
-    return Model(cfg, seed=seed)
+    return Model(cfg, seed=seed, dtype=dtype)
 
 
 def run_equivalence(steps: int, batch: int, seq: int, accum: int = 1, seed: int = 0,
                     die_rank: int | None = None, die_step: int | None = None,
-                    lr: float = 1e-3) -> dict:
+                    lr: float = 1e-3, dtype: str = "float32") -> dict:
     """Train the tiny model ``steps`` AdamW steps on random tokens; per-rank micro-batch
     ``batch``, ``accum`` micro-steps; the global batch per step is accum·W·batch rows, drawn
-    identically on every rank. Returns losses (global mean) and final parameters."""
+    identically on every rank. Returns losses (global mean) and final parameters.
+    dtype "float64": the same run in double precision (the same initial values), the exact answer
+    float32 runs are measured against (T16)."""
     W, r = (dist.world_size(), dist.rank()) if dist.is_initialized() else (1, 0)
-    model = _tiny_model(seed=seed + r)  # different inits on purpose: the broadcast fixes them
+    model = _tiny_model(seed=seed + r, dtype=dtype)  # different inits on purpose: the broadcast fixes them
     ddp = DDP(model) if W > 1 else None
     params = model.named_parameters()
     opt = AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
@@ -139,6 +141,8 @@ def main(argv=None) -> int:
     p.add_argument("--die-rank", type=int, default=None)
     p.add_argument("--die-step", type=int, default=None)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                   help="equiv: float64 gives the exact answer the float32 runs are compared with")
     a = p.parse_args(argv)
     if a.threads:
         set_blas_threads(a.threads)
@@ -148,7 +152,8 @@ def main(argv=None) -> int:
         if a.mode == "ring":
             res = run_ring_check([int(s) for s in a.sizes.split(",")])
         elif a.mode == "equiv":
-            res = run_equivalence(a.steps, a.batch, a.seq, a.accum, die_rank=a.die_rank, die_step=a.die_step)
+            res = run_equivalence(a.steps, a.batch, a.seq, a.accum, die_rank=a.die_rank, die_step=a.die_step,
+                                  dtype=a.dtype)
             res["collectives"] = dist.collective_counts()
         else:
             res = run_scaling(a.batch, a.seq, a.steps)

@@ -23,7 +23,7 @@ thread, and when calls are short (tens of µs on a 128 KiB block) the hand-overs
 wake-up of a sleeping thread, eat into the gain (T07 measures it). Long calls on
 large runs keep both cores busy; the cache effect is the smaller gain.
 `set_blas_threads(n)` sets both NumPy's OpenBLAS threads and this pool (`xtrain train
---threads`, `xtrain bench --threads`); default: the CPU count.
+--threads`, `xtrain bench --threads`); default: $XTRAIN_THREADS, else the CPU count (at most 8).
 
 Determinism: the runs depend only on the sizes and the thread count, and row-local
 arithmetic is the same on any run of rows, so outputs are the same bits with any thread
@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -74,7 +75,19 @@ MATMUL_MIN_ROWS = 128  # a product of fewer than 2 x 1024 rows is cut in smaller
 # this: two threads then share its forward (at 8 x 128 tokens a 2-thread step 17% faster, a
 # 1-thread one 1.4% slower)
 
-_threads = max(1, min(os.cpu_count() or 1, 8))
+
+
+def _default_threads() -> int:
+    """$XTRAIN_THREADS when set (CI runs the tests again with 1), else the CPU count, at most 8."""
+    value = os.environ.get("XTRAIN_THREADS", "").strip()
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    if value:
+        print(f"xtrain: ignoring XTRAIN_THREADS={value!r} (give a number of threads >= 1)", file=sys.stderr)
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+_threads = _default_threads()
 _pool: ThreadPoolExecutor | None = None
 _pool_pid = None  # the process that made _pool
 _pool_lock = threading.Lock()
