@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from xtrain_lessons.course.checks import (ClaimFailed, Mismatch, NotYet, assert_close, check, check_fn, claim,
+from xtrain_lessons.course.checks import (Case, ClaimFailed, Mismatch, NotYet, assert_close, check, check_fn, claim,
                                           require_solved)
 
 
@@ -168,3 +168,22 @@ def test_a_claim_prints_when_it_holds_and_raises_with_its_figures_when_not(capsy
     with pytest.raises(ClaimFailed, match=r"claim does not hold: one is more than two \(1 vs 2\)"):
         claim("one is more than two", np.bool_(1 > 2), "1 vs 2")
     assert capsys.readouterr().out == ""
+
+
+def test_a_named_case_names_itself_and_its_hint_on_a_failure(capsys):
+    def careless_softmax(x):
+        e = np.exp(x)
+        return e / e.sum(axis=-1, keepdims=True)
+
+    def softmax(x):
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    small = np.array([[0.5, -1.0, 2.0]], np.float32)
+    big = Case(small * np.float32(1000), label="logits ~1000", hint="subtract the row maximum before exp")
+    with np.errstate(all="ignore"):
+        assert check_fn("softmax", careless_softmax, softmax, [(small,), big]) is softmax
+    out = capsys.readouterr().out
+    assert "fail — case 2 (logits ~1000)" in out and "subtract the row maximum before exp" in out
+    assert check_fn("softmax", softmax, softmax, [(small,), big]) is softmax
+    assert "pass (2 cases)" in capsys.readouterr().out

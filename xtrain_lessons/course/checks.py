@@ -184,20 +184,44 @@ def _floating_point_errors(strict: bool):
         yield
 
 
+class Case:
+    """A named case of `check_fn`: its arguments, a label saying what it probes, and the hint a
+    failure on it prints. For the numerically careful exercises, one case per careless formula:
+
+        Case(big_logits, label="logits ~1000", hint="subtract the row maximum before exp")
+    """
+
+    def __init__(self, *args: Any, label: str, hint: str = "", **kwargs: Any):
+        self.args, self.kwargs, self.label, self.hint = args, kwargs, label, hint
+
+    def __repr__(self) -> str:
+        return f"Case({self.label!r})"
+
+
+def _case_parts(case: Any, i: int) -> tuple[tuple, dict, str, str]:
+    """(args, kwargs, how a message names the case, hint) of a tuple, dict or Case."""
+    if isinstance(case, Case):
+        return case.args, case.kwargs, f"case {i} ({case.label})", case.hint
+    args, kwargs = (case, {}) if isinstance(case, tuple) else ((), case)
+    return args, kwargs, f"case {i}", ""
+
+
 def check_fn(name: str, fn: Callable, reference: Callable, cases: Iterable[Any],
              atol: float | None = None, rtol: float | None = None,
              names: Sequence[str] | None = None, strict: bool = False) -> Callable:
     """Compare `fn` with `reference` on each case; return the function later cells should use.
 
-    A case is a tuple of positional arguments or a dict of keyword arguments. `names` labels
-    the items of a tuple result; `strict` runs `fn` with NumPy's floating-point warnings as
-    errors, for exercises whose text asks for a formula that never overflows.
+    A case is a tuple of positional arguments, a dict of keyword arguments, or a `Case` (named,
+    with a hint printed when it fails). `names` labels the items of a tuple result; `strict`
+    runs `fn` with NumPy's floating-point warnings as errors, for exercises whose text asks for
+    a formula that never overflows.
     """
     cases = list(cases)
 
     def test() -> str:
         for i, case in enumerate(cases, start=1):
-            args, kwargs = (case, {}) if isinstance(case, tuple) else ((), case)
+            args, kwargs, which, hint = _case_parts(case, i)
+            hint = f" — {hint}" if hint else ""
             expected = reference(*args, **kwargs)
             try:
                 with _floating_point_errors(strict):
@@ -205,14 +229,14 @@ def check_fn(name: str, fn: Callable, reference: Callable, cases: Iterable[Any],
             except (NotImplementedError, NotYet):
                 raise
             except (FloatingPointError, RuntimeWarning) as exc:
-                raise AssertionError(f"case {i}: {exc} — the text asks for a formula that "
-                                     "cannot overflow (NumPy warnings are errors here)") from exc
+                raise AssertionError(f"{which}: {exc} — the text asks for a formula that "
+                                     "cannot overflow (NumPy warnings are errors here)" + hint) from exc
             except Exception as exc:
-                raise AssertionError(f"case {i}: {type(exc).__name__}: {exc}") from exc
+                raise AssertionError(f"{which}: {type(exc).__name__}: {exc}{hint}") from exc
             try:
                 assert_close(got, expected, atol, rtol, names=names)
             except Mismatch as exc:
-                raise Mismatch(f"case {i}: {exc}") from None
+                raise Mismatch(f"{which}: {exc}{hint}") from None
         return f"{len(cases)} case{'s' if len(cases) != 1 else ''}"
 
     if check(name, test):
