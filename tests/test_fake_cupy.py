@@ -261,3 +261,114 @@ def test_caching_allocator_on_cupys_pool(gpu):
     pool.free(b)
     with pytest.raises(TypeError):
         pool.lease((10,), np.float32)
+
+
+# ------------------------------------------------------------------ the stand-in is as strict as CuPy
+def test_a_host_array_of_any_rank_is_refused_and_a_numpy_scalar_is_not(gpu):
+    """CuPy's CScalar refuses a 0-d NumPy array as an operand ("Unsupported type <class
+    'numpy.ndarray'>", what `xtrain train --dtype fp16` met on a GPU); NumPy scalars are fine."""
+    a = gpu.ones(3, gpu.float32)
+    for host in (np.asarray(np.float32(2)), np.ones(3, np.float32)):
+        with pytest.raises(TypeError, match="Unsupported type"):
+            a * host
+        with pytest.raises(TypeError, match="Unsupported type"):
+            gpu.maximum(a, host)
+    assert float((a * np.float32(2)).sum()) == 6.0
+    with pytest.raises(ValueError, match="non-scalar numpy.ndarray cannot be used for fill"):
+        a[...] = np.zeros(3, np.float32)  # CuPy's __setitem__ fills from scalars only
+    a[...] = np.asarray(np.float32(5))  # a 0-d host array is a scalar to fill with
+    assert a.get().tolist() == [5.0, 5.0, 5.0]
+
+
+def test_format_of_a_device_scalar_is_a_host_sync(gpu):
+    """CuPy formats a 0-d array through the host (`f"{loss:.3f}"` works, and waits for the GPU)."""
+    x = gpu.asarray(np.float32(1.25))
+    syncs = gpu.stats["host_syncs"]
+    assert f"{x:.3f}" == "1.250" and gpu.stats["host_syncs"] == syncs + 1
+
+
+def test_device_calls_are_counted_and_views_are_not(gpu):
+    a = gpu.ones((4, 6), gpu.float32)
+    with gpu.counting() as c:
+        b = a.reshape(6, 4).T[1:]  # views: no launch
+        s = (a * 2 + 1).sum(axis=0)  # two operators and a reduction
+        m = a @ a.T  # cuBLAS
+    assert c["device_calls"] == 4 and c["calls"]["library:matmul"] == 1 and c["host_syncs"] == 0
+    assert b.shape == (3, 6) and s.shape == (6,) and m.shape == (4, 4)
+
+
+def test_a_bf16_product_is_bf16_as_in_cupy(gpu):
+    """cuBLAS multiplies bfloat16 operands with float32 accumulation and returns bfloat16 (NumPy
+    with ml_dtypes would return float32): the stand-in rounds the float32 product once."""
+    import ml_dtypes  # noqa: PLC0415
+
+    rng = np.random.default_rng(0)
+    x, w = (rng.standard_normal(s).astype(ml_dtypes.bfloat16) for s in ((5, 7), (7, 3)))
+    y = gpu.asarray(x) @ gpu.asarray(w)
+    want = (x.astype(np.float32) @ w.astype(np.float32)).astype(ml_dtypes.bfloat16)
+    assert y.dtype == ml_dtypes.bfloat16 and np.array_equal(y.get().view(np.uint16), want.view(np.uint16))
+
+
+def test_a_host_scalar_meets_a_device_tensor(gpu):
+    """GradScaler.scale multiplies the loss by its float32 scale: on the GPU the scalar moves to
+    the device (the first fp16 step used to die in CuPy's CScalar)."""
+    from xtrain_lessons.autograd.tensor import Tensor  # noqa: PLC0415
+    from xtrain_lessons.training.grad_scaler import GradScaler  # noqa: PLC0415
+
+    loss = Tensor(gpu.asarray(np.float32(0.5)), requires_grad=True)
+    scaled = GradScaler().scale(loss)
+    scaled.backward()
+    assert float(scaled.data) == 0.5 * 65536 and float(loss.grad) == 65536
+
+
+# ------------------------------------------------------------------ out of GPU memory
+def test_out_of_gpu_memory_is_one_line_and_the_last_checkpoint_stays(corpus, tmp_path, gpu, monkeypatch, capsys):
+    """A GPU allocation that fails at step 4 of a run checkpointed at step 3: `xtrain train` prints
+    one line naming the model, the batch, the dtype and what to try, exits 1, and the run resumes
+    from step 3."""
+    out = tmp_path / "run"
+    args = ["train", "--device", "cuda", "--data", str(corpus), "--out", str(out), *FLAGS]
+    real = loop.Trainer.train_step
+
+    def step(self):
+        if self.step == 3:
+            raise gpu.cuda.memory.OutOfMemoryError(1 << 30, 7 << 30)
+        real(self)
+
+    monkeypatch.setattr(loop.Trainer, "train_step", step)
+    monkeypatch.setenv("XTRAIN_DEVICE", "cuda")  # restored after the test (`--device` sets it)
+    device.set_device("cuda")
+    assert main.main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert "out of GPU memory at step 4" in err[0] and "batch of 4 x 16 tokens in float32" in err[0]
+    assert "--batch-size" in err[0] and f"--resume {out}" in err[0]
+    assert (out / "checkpoints" / "latest").read_text().strip().endswith("3")
+    monkeypatch.setattr(loop.Trainer, "train_step", real)
+    assert main.main(["train", "--resume", str(out), "--no-progress", "--no-hf-check"]) == 0
+
+
+def test_a_pool_limit_the_model_does_not_fit_in(corpus, tmp_path, gpu, capsys, monkeypatch):
+    """The stand-in's pool refuses what does not fit under its limit, as a GPU's memory does."""
+    pool = gpu.get_default_memory_pool()
+    pool.free_all_blocks()  # no cached blocks to reuse: every new array asks the limit
+    pool.set_limit(size=pool.total_bytes() + 64 * 1024)
+    monkeypatch.setenv("XTRAIN_DEVICE", "cuda")
+    try:
+        device.set_device("cuda")
+        assert main.main(["train", "--device", "cuda", "--data", str(corpus), "--out", str(tmp_path / "run"),
+                          *FLAGS]) == 1
+    finally:
+        pool.set_limit(size=0)
+    err = capsys.readouterr().err
+    assert "xtrain train: error: out of GPU memory" in err and "Traceback" not in err
+
+
+def test_an_operand_that_opts_out_of_ufuncs_gets_the_reflected_operator(gpu):
+    """CuPy defers `device_array - tensor` to Tensor.__rsub__ (the Tensor sets __array_ufunc__ =
+    None); the stand-in used to refuse it (what T20's KL term does on a GPU)."""
+    from xtrain_lessons.autograd.tensor import Tensor  # noqa: PLC0415
+
+    t = Tensor(gpu.asarray(np.float32([1.0, 2.0])), requires_grad=True)
+    d = gpu.asarray(np.float32([5.0, 5.0])) - t
+    assert isinstance(d, Tensor) and d.data.get().tolist() == [4.0, 3.0]

@@ -82,3 +82,26 @@ def test_nvrtc_compiles_template_kernels_by_name_expression():
     ptx = nvrtc_compile(path.read_text(), str(path), gpu_options((), str(path)),
                         name_expressions=("block_sum_t<float, 128>", "block_sum_t<double, 64>"))
     assert ptx.count(".entry") >= 10  # the 8 extern "C" kernels and both instantiations
+
+
+def _step_families():
+    """(.cu file, name expressions) of the GPU engine's templated kernel families (T07)."""
+    from xtrain_lessons.runtime.kernels import cross_entropy, embedding, residual, rmsnorm, rope, softmax, swiglu
+    return [(m.__name__.rsplit(".", 1)[1] + ".cu", m.NAME_EXPRESSIONS)
+            for m in (rmsnorm, swiglu, rope, softmax, cross_entropy, residual, embedding)]
+
+
+@pytest.mark.parametrize("filename,expressions", _step_families(), ids=lambda v: v if isinstance(v, str) else "")
+def test_nvrtc_compiles_every_instantiation_the_launchers_use(filename, expressions):
+    """Every template name expression a launcher asks for compiles with NVRTC, and is one of the
+    file's explicit instantiations (so nvcc and a plain NVRTC compile see the same kernels: asking
+    for the expressions adds no entry)."""
+    path = KERNELS_DIR / filename
+    opts = gpu_options((), str(path))
+    templates = [e for e in expressions if "<" in e]
+    assert templates, f"{filename}: no template name expressions"
+    named = nvrtc_compile(path.read_text(), str(path), opts, name_expressions=templates)
+    plain = nvrtc_compile(path.read_text(), str(path), opts)
+    assert named.count(".entry") >= len(templates)
+    assert named.count(".entry") == plain.count(".entry"), \
+        f"{filename}: a launcher's name expression is missing from the file's explicit instantiations"

@@ -5,10 +5,18 @@ then finds "a GPU" through its ordinary checks (the seam is not told about the s
 It follows CuPy's rules where a NumPy-only program would pass unnoticed:
 
 * `ndarray` wraps a NumPy array and refuses implicit conversion to NumPy (``np.asarray(a)``,
-  ``float(np_array + a)`` ...): ``__array__`` raises TypeError, as CuPy's does; mixing it with
-  a NumPy array in an operator or a function raises TypeError. ``.get()``, ``cupy.asnumpy``,
-  ``.item()``, ``float()``/``int()``/``bool()`` copy to the host and are counted
-  (``stats["host_syncs"]``).
+  ``float(np_array + a)`` ...): ``__array__`` raises TypeError, as CuPy's does. A NumPy array of
+  ANY rank, 0-d included, as an operand or a function argument raises TypeError, as CuPy's
+  CScalar does ("Unsupported type <class 'numpy.ndarray'>"); NumPy scalars (np.float32(2)) are
+  allowed. ``a[...] = host_array`` raises ValueError unless the host array is 0-d (CuPy's `fill`).
+  ``.get()``, ``cupy.asnumpy``, ``.item()``, ``float()``/``int()``/``bool()``, ``format(a, ".3f")``
+  copy to the host and are counted (``stats["host_syncs"]``).
+* every device call is counted, as a GPU would see it (``stats["device_calls"]`` and, by name,
+  ``calls``): operators, ufuncs, functions, reductions and other array methods, copies
+  (astype, ascontiguousarray of a strided array, host <-> device), advanced indexing, library
+  calls (matmul: cuBLAS) and kernel launches (``stats["kernel_launches"]``). Views (reshape,
+  transpose, basic slicing, broadcast_to ...) and allocations (empty) launch nothing and are not
+  counted. `counting()` measures a block.
 * the module offers only the names real CuPy has (``cupy_names.json``, written by
   ``make_names.py`` from cupy-cuda12x 14.2.0, which imports without a GPU; checked in, so CI
   needs no CuPy); any other name is an AttributeError.
@@ -20,13 +28,18 @@ It follows CuPy's rules where a NumPy-only program would pass unnoticed:
   cached for reuse (``used_bytes`` / ``total_bytes`` / ``free_all_blocks``).
 
 What it does not prove: anything about a GPU's speed, asynchrony (every "kernel" has finished
-when the call returns), CuPy's own numerics (reductions, matmul order), NVRTC compiling the
-kernels, NCCL, or memory limits.
+when the call returns, so a missing synchronisation goes unseen), CuPy's own numerics
+(reductions, matmul order, FMA contraction), NVRTC compiling the kernels (tests/test_nvrtc_compile.py
+does that), NCCL, the real memory a GPU has (the pool's limit is a number the test sets), warp-level
+behaviour the emulator does not model, or CuPy features the engine does not call.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
+import os
 import sys
 import types
 import weakref
@@ -36,7 +49,13 @@ import numpy as np
 
 NAMES = json.loads((Path(__file__).with_name("cupy_names.json")).read_text())
 __version__ = NAMES["cupy_version"] + "+cpu-stand-in"
-stats = {"host_syncs": 0, "kernel_launches": 0}
+stats = {"host_syncs": 0, "kernel_launches": 0, "device_calls": 0}
+calls: collections.Counter = collections.Counter()  # "kind:name" -> device calls
+# names that give a view or an allocation: no kernel runs on a GPU
+_NO_LAUNCH = {"reshape", "ravel", "transpose", "swapaxes", "moveaxis", "squeeze", "expand_dims", "broadcast_to",
+              "broadcast_arrays", "atleast_1d", "atleast_2d", "atleast_3d", "view", "empty", "empty_like",
+              "split", "array_split", "diagonal", "result_type", "can_cast", "shape", "ndim", "size",
+              "asnumpy", "get_array_module", "iinfo", "finfo", "dtype", "promote_types", "isscalar", "rollaxis"}
 _CONVERTERS = {"array", "asarray", "asanyarray", "ascontiguousarray"}  # these take host data
 _HOST_MSG = ("Implicit conversion to a NumPy array is not allowed. "
              "Please use `.get()` to construct a NumPy array explicitly.")
@@ -46,18 +65,55 @@ def _host_sync():
     stats["host_syncs"] += 1
 
 
+def _device_call(kind: str, name: str) -> None:
+    stats["device_calls"] += 1
+    calls[f"{kind}:{name}"] += 1
+
+
+@contextlib.contextmanager
+def counting():
+    """Device calls, kernel launches and host syncs made inside the block:
+
+        with fake_cupy.counting() as c:
+            step()
+        c["device_calls"], c["host_syncs"], c["calls"]  (a Counter by kind:name)
+    """
+    before, before_calls = dict(stats), calls.copy()
+    out: dict = {}
+    try:
+        yield out
+    finally:
+        out.update({k: stats[k] - before[k] for k in stats})
+        out["calls"] = calls - before_calls
+
+
 # ----------------------------------------------------------------------------- memory pool
+class OutOfMemoryError(MemoryError):
+    """cupy.cuda.memory.OutOfMemoryError: an allocation above the pool's limit."""
+
+    def __init__(self, size, total, limit=0):
+        super().__init__(f"Out of memory allocating {size:,} bytes (allocated so far: {total:,} bytes"
+                         + (f", limit set to: {limit:,} bytes" if limit else "") + ").")
+
+
+OutOfMemoryError.__module__ = "cupy.cuda.memory"
+
+
 class MemoryPool:
-    """CuPy's bookkeeping: blocks rounded up to 512 bytes; a freed block is cached by size."""
+    """CuPy's bookkeeping: blocks rounded up to 512 bytes; a freed block is cached by size;
+    `set_limit(size=...)` makes a larger total an OutOfMemoryError (a GPU's memory, shrunk)."""
 
     def __init__(self):
         self._used = 0
         self._free: dict[int, int] = {}  # size -> cached blocks
+        self._limit = 0
 
     def _malloc(self, nbytes: int) -> int:
         size = max(512, -(-nbytes // 512) * 512)
         if self._free.get(size):
             self._free[size] -= 1
+        elif self._limit and self.total_bytes() + size > self._limit:
+            raise OutOfMemoryError(size, self.total_bytes(), self._limit)
         self._used += size
         return size
 
@@ -81,10 +137,10 @@ class MemoryPool:
         self._free.clear()
 
     def set_limit(self, size=None, fraction=None) -> None:
-        pass
+        self._limit = int(size or 0) if fraction is None else int(fraction * 8 * 2**30)
 
     def get_limit(self) -> int:
-        return 0
+        return self._limit
 
 
 _pool = MemoryPool()
@@ -102,9 +158,9 @@ def get_default_pinned_memory_pool() -> MemoryPool:
 def _unwrap(x, allow_host=False):
     if isinstance(x, ndarray):
         return x._a
-    if isinstance(x, np.ndarray) and not allow_host and x.ndim:
-        raise TypeError(f"Unsupported type {type(x)}: a NumPy array where CuPy needs a cupy.ndarray "
-                        f"(move it with cupy.asarray)")
+    if isinstance(x, np.ndarray) and not allow_host:  # any rank: CuPy's CScalar refuses 0-d arrays too
+        raise TypeError(f"Unsupported type {type(x)}: a NumPy array (shape {x.shape}) where CuPy needs a "
+                        f"cupy.ndarray or a scalar (move it with cupy.asarray, or pass a NumPy scalar)")
     if isinstance(x, (list, tuple)):
         return type(x)(_unwrap(v, allow_host) for v in x)
     return x
@@ -165,7 +221,19 @@ class ndarray:
 
     def get(self, stream=None, order="C", out=None, blocking=True):
         _host_sync()
+        _device_call("copy", "device_to_host")
         return np.array(self._a, order=order)
+
+    def set(self, arr, stream=None):
+        """Copy a host array of the same shape into this one (CuPy's host -> device)."""
+        if not isinstance(arr, np.ndarray) or arr.shape != self._a.shape:
+            raise ValueError(f"set: need a NumPy array of shape {self._a.shape}")
+        _device_call("copy", "host_to_device")
+        self._a[...] = arr
+
+    def __format__(self, spec):  # CuPy formats through the host: a synchronisation
+        _host_sync()
+        return format(self._a if self._a.ndim else self._a[()], spec)
 
     def item(self):
         _host_sync()
@@ -228,21 +296,34 @@ class ndarray:
         attr = getattr(self._a, name)
         if not callable(attr):
             return _wrap(attr)
-        return lambda *a, **k: _wrap(attr(*_unwrap(a), **{kk: _unwrap(v) for kk, v in k.items()}))
+
+        def method(*a, **k):
+            if name not in _NO_LAUNCH and not (name == "copy" and not self._a.size):
+                _device_call("method", name)
+            return _wrap(attr(*_unwrap(a), **{kk: _unwrap(v) for kk, v in k.items()}))
+        return method
 
     def astype(self, dtype, order="K", casting=None, subok=None, copy=True):
+        if copy or np.dtype(dtype) != self._a.dtype:
+            _device_call("copy", "astype")
         return ndarray._wrap(self._a.astype(dtype, order=order, copy=copy))
 
     def __getitem__(self, key):
+        if _advanced(key):
+            _device_call("index", "getitem")
         return _wrap(self._a[_unwrap(key, allow_host=True)])
 
     def __setitem__(self, key, value):
-        self._a[_unwrap(key, allow_host=True)] = _unwrap(value)
+        if isinstance(value, np.ndarray) and value.ndim:
+            raise ValueError("non-scalar numpy.ndarray cannot be used for fill")  # CuPy's fill
+        _device_call("index", "setitem")
+        self._a[_unwrap(key, allow_host=True)] = value[()] if isinstance(value, np.ndarray) else _unwrap(value)
 
     # -- NumPy's protocols: a ufunc or function on a cupy array runs "on the device" ------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         if "out" in kwargs:
             kwargs["out"] = tuple(_unwrap(o) for o in kwargs["out"])
+        _device_call("ufunc", ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}")
         res = getattr(ufunc, method)(*_unwrap(inputs), **kwargs)
         return _wrap(res) if method != "at" else None
 
@@ -253,34 +334,77 @@ class ndarray:
         return getattr(sys.modules[__name__], name)(*args, **kwargs)
 
 
-def _binary(op):
+def _advanced(key) -> bool:
+    """Indexing with arrays or booleans (a gather kernel), not slices and ints (a view)."""
+    keys = key if isinstance(key, tuple) else (key,)
+    return any(isinstance(k, (ndarray, np.ndarray, list)) or (isinstance(k, (bool, np.bool_))) for k in keys)
+
+
+def _matmul(a, b, out=None):
+    """cuBLAS's product: float32 accumulation, the result in the operands' dtype (NumPy with
+    ml_dtypes gives float32 for bfloat16 operands; CuPy gives bfloat16)."""
+    res = np.matmul(a, b)
+    want = np.result_type(a, b)
+    if res.dtype != want:
+        res = res.astype(want)
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
+def _should_use_rop(x, y) -> bool:
+    """CuPy's rule (_core/core.pyx): defer to the other operand's reflected operator when it
+    opts out of ufuncs (`__array_ufunc__ = None`, as an autograd Tensor does), or, without that
+    attribute, when its `__array_priority__` is higher."""
+    try:
+        y_ufunc = y.__array_ufunc__
+    except AttributeError:
+        return getattr(x, "__array_priority__", 0) < getattr(y, "__array_priority__", 0)
+    return y_ufunc is None
+
+
+def _binary(op, name, reflected=False):
     def method(self, other):
+        if not reflected and not isinstance(other, ndarray) and _should_use_rop(self, other):
+            return NotImplemented
+        _device_call("library" if name == "matmul" else "op", name)
         return _wrap(op(self._a, _unwrap(other)))
     return method
 
 
-def _inplace(op):
+def _inplace(op, name):
     def method(self, other):
+        _device_call("op", f"i{name}")
         op(self._a, _unwrap(other), out=self._a)
         return self
     return method
 
 
 for _name, _op in [("add", np.add), ("sub", np.subtract), ("mul", np.multiply), ("truediv", np.true_divide),
-                   ("floordiv", np.floor_divide), ("mod", np.mod), ("pow", np.power), ("matmul", np.matmul),
+                   ("floordiv", np.floor_divide), ("mod", np.mod), ("pow", np.power), ("matmul", _matmul),
                    ("and", np.bitwise_and), ("or", np.bitwise_or), ("xor", np.bitwise_xor),
                    ("lshift", np.left_shift), ("rshift", np.right_shift)]:
-    setattr(ndarray, f"__{_name}__", _binary(_op))
-    setattr(ndarray, f"__r{_name}__", _binary(lambda a, b, _op=_op: _op(b, a)))
+    setattr(ndarray, f"__{_name}__", _binary(_op, _name))
+    setattr(ndarray, f"__r{_name}__", _binary(lambda a, b, _op=_op: _op(b, a), _name, reflected=True))
     if _name != "matmul":
-        setattr(ndarray, f"__i{_name}__", _inplace(_op))
+        setattr(ndarray, f"__i{_name}__", _inplace(_op, _name))
 for _name, _op in [("lt", np.less), ("le", np.less_equal), ("gt", np.greater), ("ge", np.greater_equal),
                    ("eq", np.equal), ("ne", np.not_equal)]:
-    setattr(ndarray, f"__{_name}__", _binary(_op))
-ndarray.__neg__ = lambda self: ndarray._wrap(-self._a)
-ndarray.__pos__ = lambda self: ndarray._wrap(+self._a)
-ndarray.__abs__ = lambda self: ndarray._wrap(abs(self._a))
-ndarray.__invert__ = lambda self: ndarray._wrap(~self._a)
+    setattr(ndarray, f"__{_name}__", _binary(_op, _name))
+
+
+def _unary(op, name):
+    def method(self):
+        _device_call("op", name)
+        return ndarray._wrap(op(self._a))
+    return method
+
+
+ndarray.__neg__ = _unary(np.negative, "neg")
+ndarray.__pos__ = _unary(np.positive, "pos")
+ndarray.__abs__ = _unary(np.absolute, "abs")
+ndarray.__invert__ = _unary(np.invert, "invert")
 
 
 # ----------------------------------------------------------------------------- functions
@@ -295,6 +419,7 @@ class ufunc:
         if "out" in kwargs:
             out = kwargs["out"]
             kwargs["out"] = tuple(_unwrap(o) for o in out) if isinstance(out, tuple) else _unwrap(out)
+        _device_call("ufunc", self.__name__)
         return _wrap(self._u(*_unwrap(args), **kwargs))
 
     def __getattr__(self, name):
@@ -303,14 +428,37 @@ class ufunc:
         f = getattr(self._u, name)
         if not callable(f):
             return f
-        return lambda *a, **k: _wrap(f(*_unwrap(a), **{kk: _unwrap(v) for kk, v in k.items()}))
+
+        def method(*a, **k):
+            _device_call("ufunc", f"{self.__name__}.{name}")
+            return _wrap(f(*_unwrap(a), **{kk: _unwrap(v) for kk, v in k.items()}))
+        return method
+
+
+def _count_conversion(name, args, kwargs) -> None:
+    """array/asarray/ascontiguousarray: a device call only when data moves or changes layout."""
+    src = args[0] if args else kwargs.get("a", kwargs.get("obj"))
+    dtype = kwargs.get("dtype", args[1] if len(args) > 1 and name != "array" else None)
+    if not isinstance(src, ndarray):
+        _device_call("copy", "host_to_device")
+    elif name == "array" and kwargs.get("copy", True) is not False:
+        _device_call("copy", "array")
+    elif dtype is not None and np.dtype(dtype) != src.dtype:
+        _device_call("copy", "astype")
+    elif name == "ascontiguousarray" and not src.flags.c_contiguous:
+        _device_call("copy", "ascontiguousarray")
 
 
 def _function(name, f):
     host_ok = name in _CONVERTERS
 
     def run(*args, **kwargs):
-        res = f(*_unwrap(args, host_ok), **{k: _unwrap(v, host_ok) for k, v in kwargs.items()})
+        if host_ok:
+            _count_conversion(name, args, kwargs)
+        elif name not in _NO_LAUNCH:
+            _device_call("library" if name in ("matmul", "dot", "tensordot", "einsum") else "fn", name)
+        res = (_matmul if name == "matmul" else f)(*_unwrap(args, host_ok),
+                                                   **{k: _unwrap(v, host_ok) for k, v in kwargs.items()})
         return _wrap(res)
     run.__name__ = name
     return run
@@ -328,13 +476,18 @@ def __getattr__(name):  # PEP 562: the rest of CuPy's names, served by NumPy
     if name not in NAMES["cupy"] or not hasattr(np, name):
         raise AttributeError(f"module 'cupy' has no attribute {name!r}"
                              + ("" if name in NAMES["cupy"] else " (not in real CuPy either)"))
+    if name in _served:
+        return _served[name]
     v = getattr(np, name)
     if isinstance(v, np.ufunc):
         v = ufunc(v)
     elif callable(v) and not isinstance(v, type):
         v = _function(name, v)
-    globals()[name] = v
+    _served[name] = v  # not in globals(): `sum`, `max`, `abs` would shadow the builtins in this module
     return v
+
+
+_served: dict = {}
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -353,6 +506,7 @@ class RawKernel:
             if isinstance(a, np.ndarray):
                 raise TypeError(f"Unsupported type {type(a)} (argument {i}): a kernel cannot read host memory")
         stats["kernel_launches"] += 1
+        _device_call("kernel", self.name)
         self._k(grid, block, tuple(a._a if isinstance(a, ndarray) else a for a in args), shared_mem=shared_mem)
 
 
@@ -406,6 +560,8 @@ class _Device:
 _null_stream = _Stream(null=True)
 cuda = types.ModuleType("cupy.cuda")
 cuda.Device, cuda.Stream, cuda.MemoryPool = _Device, _Stream, MemoryPool
+cuda.memory = types.ModuleType("cupy.cuda.memory")
+cuda.memory.OutOfMemoryError, cuda.memory.MemoryPool = OutOfMemoryError, MemoryPool
 cuda.get_current_stream = lambda device=None: _null_stream
 cuda.runtime = types.SimpleNamespace(
     getDeviceCount=lambda: 1,
@@ -419,11 +575,25 @@ for _n in ("Device", "Stream", "MemoryPool", "get_current_stream", "runtime"):
     assert _n in NAMES["cupy.cuda"], _n
 
 
+def subprocess_env(env=None, device: str = "cuda") -> dict:
+    """An environment in which a new Python process takes the stand-in for CuPy (through
+    site/sitecustomize.py) and, by default, the "cuda" device: for `xtrain launch`'s ranks, a
+    notebook's kernel, a command run by a test."""
+    env = dict(os.environ if env is None else env)
+    site = str(Path(__file__).with_name("site"))
+    env["PYTHONPATH"] = os.pathsep.join([site, *filter(None, [env.get("PYTHONPATH")])])
+    env["XTRAIN_FAKE_CUPY"] = "1"
+    if device:
+        env["XTRAIN_DEVICE"] = device
+    return env
+
+
 def install():
     """Make `import cupy` give this stand-in (returns what sys.modules held before)."""
-    before = {k: sys.modules.get(k) for k in ("cupy", "cupy.cuda")}
+    before = {k: sys.modules.get(k) for k in ("cupy", "cupy.cuda", "cupy.cuda.memory")}
     sys.modules["cupy"] = sys.modules[__name__]
     sys.modules["cupy.cuda"] = cuda
+    sys.modules["cupy.cuda.memory"] = cuda.memory
     return before
 
 

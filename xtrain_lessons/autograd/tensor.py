@@ -377,7 +377,9 @@ def tensor(data, requires_grad: bool = False, dtype=None) -> Tensor:
 
 def as_tensor(x, like: Tensor | None = None) -> Tensor:
     """`x` if it is a Tensor, else a constant Tensor. A Python number takes the dtype of
-    `like` (so `0.5 * float32_tensor` stays float32)."""
+    `like` (so `0.5 * float32_tensor` stays float32). A NumPy scalar or 0-d array meeting a
+    Tensor on the GPU moves to the GPU with its dtype (as torch lets a 0-d CPU tensor meet a
+    CUDA one); CuPy refuses host arrays of any rank as operands."""
     if isinstance(x, Tensor):
         return x
     if like is not None and isinstance(x, (int, float, bool)):
@@ -385,6 +387,9 @@ def as_tensor(x, like: Tensor | None = None) -> Tensor:
         dtype = like.dtype if like.dtype.kind == "f" else (
             DEFAULT_DTYPE if isinstance(x, float) else like.dtype)
         return Tensor(xp.asarray(x, dtype=dtype))
+    if like is not None and on_gpu(like.data) and (isinstance(x, np.generic) or
+                                                   (isinstance(x, np.ndarray) and x.ndim == 0)):
+        return Tensor(array_module(like.data).asarray(x))
     return Tensor(x)
 
 

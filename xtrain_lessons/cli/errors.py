@@ -17,6 +17,7 @@ from xtrain_lessons.parallel.collectives import DistributedError
 from xtrain_lessons.training.checkpoint import CheckpointError, is_disk_full
 from xtrain_lessons.training.deferred import TrainingDiverged
 from xtrain_lessons.training.fetch import FetchError
+from xtrain_lessons.training.loop import OutOfDeviceMemory
 
 USAGE, RUNTIME = 2, 1
 
@@ -34,7 +35,7 @@ def exit_code(exc: BaseException) -> int | None:
     if is_disk_full(exc):
         return RUNTIME
     if isinstance(exc, (CheckpointError, ExportError, FetchError, DistributedError, TrainingDiverged,
-                        SafetensorError)):
+                        SafetensorError, OutOfDeviceMemory)):
         return RUNTIME
     if isinstance(exc, (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError)):
         return USAGE  # ConfigError, UsageError, bad JSON/TOML/UTF-8, a path that is not there

@@ -9,7 +9,10 @@
 
 On the CPU the transport is ``torch.distributed`` with the **gloo** backend: a NumPy array is
 shared with torch without a copy (``torch.from_numpy``), so a collective writes straight into
-the caller's array. torch is imported only when a group is initialised.
+the caller's array. torch is imported only when a group is initialised. gloo also serves GPU
+arrays (CuPy): each collective copies the array to the host, runs there, and copies the result
+back into the device array — correct on any number of GPUs, including several ranks sharing one
+GPU, at the price of two copies per collective.
 
 Every wait is bounded: ``timeout`` (seconds) is the process group's timeout, so a collective
 whose peer has died raises ``DistributedError`` instead of hanging (gloo usually notices a
@@ -19,10 +22,13 @@ closed connection at once; the timeout is the backstop).
 ``recv``, ``barrier``): tests use it to check, e.g., that gradient accumulation all-reduces
 only at the accumulation boundary.
 
-GPU path (untested here, no GPU on the course's CI): ``init(..., backend="nccl")`` keeps
-CuPy arrays on the device and runs the collectives through ``cupy.cuda.nccl`` — the NCCL
-unique id is exchanged through a ``torch.distributed.TCPStore`` at MASTER_ADDR:MASTER_PORT.
-CuPy is imported lazily, only on that path.
+GPU path: ``init(..., backend="nccl")`` keeps CuPy arrays on the device and runs the
+collectives through ``cupy.cuda.nccl`` — the NCCL unique id is exchanged through a
+``torch.distributed.TCPStore`` at MASTER_ADDR:MASTER_PORT; NCCL needs one GPU per rank.
+``pick_backend(world_size)`` is what ``xtrain train`` under ``xtrain launch`` uses: $XTRAIN_DIST_BACKEND
+(gloo or nccl) when set, else nccl when the device is a GPU and there are at least as many GPUs
+as ranks, else gloo. (NCCL is not exercised on the course's CI: no GPU there; the tests' CuPy
+stand-in runs the gloo path with device arrays.) CuPy is imported lazily, only on those paths.
 """
 
 from __future__ import annotations
@@ -33,9 +39,9 @@ import os
 
 import numpy as np
 
-from xtrain_lessons.runtime.device import import_cupy
+from xtrain_lessons.runtime.device import get_device, import_cupy, on_gpu
 
-__all__ = ["DistributedError", "init", "init_from_env", "env_rank_config", "is_initialized",
+__all__ = ["DistributedError", "init", "init_from_env", "env_rank_config", "is_initialized", "pick_backend",
            "rank", "world_size", "all_reduce", "broadcast", "send", "recv", "sendrecv", "barrier",
            "destroy", "collective_counts", "reset_counts"]
 
@@ -102,6 +108,18 @@ def init_from_env(timeout: float = 60.0, backend: str = "gloo") -> dict | None:
     return cfg
 
 
+def pick_backend(world_size: int) -> str:
+    """"gloo" or "nccl" for a group of `world_size` ranks on the current device (module doc)."""
+    chosen = os.environ.get("XTRAIN_DIST_BACKEND", "").strip().lower()
+    if chosen:
+        if chosen not in ("gloo", "nccl"):
+            raise ValueError(f"XTRAIN_DIST_BACKEND={chosen!r}: choose gloo or nccl")
+        return chosen
+    if get_device() != "cuda":
+        return "gloo"
+    return "nccl" if import_cupy().cuda.runtime.getDeviceCount() >= world_size else "gloo"
+
+
 def is_initialized() -> bool:
     return _state["backend"] is not None
 
@@ -146,11 +164,23 @@ def _tensor(arr: np.ndarray):
     import torch  # noqa: PLC0415
 
     if not isinstance(arr, np.ndarray):
-        raise TypeError(f"expected a NumPy array on the gloo backend, got {type(arr).__name__}")
+        raise TypeError(f"expected a NumPy or CuPy array on the gloo backend, got {type(arr).__name__}")
     if not arr.flags.c_contiguous or not arr.flags.writeable:
         raise ValueError("collectives work in place on C-contiguous, writeable arrays "
                          "(use np.ascontiguousarray and copy back)")
     return torch.from_numpy(arr)
+
+
+def _through_host(arr, collective):
+    """Run `collective(host_array)` on `arr`: directly for a NumPy array; for a GPU array on a copy
+    on the host, whose result is copied back into `arr` (gloo cannot read device memory)."""
+    if not on_gpu(arr):
+        collective(arr)
+        return arr
+    host = arr.get()
+    collective(host)
+    arr.set(host)
+    return arr
 
 
 def _fail(what: str, e: Exception):
@@ -168,13 +198,16 @@ def all_reduce(arr, op: str = "sum"):
         return _state["nccl"].all_reduce(arr, op)
     import torch.distributed as tdist  # noqa: PLC0415
 
-    t = _tensor(arr)
     rop = {"sum": tdist.ReduceOp.SUM, "avg": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX,
            "min": tdist.ReduceOp.MIN}[op]
-    try:
-        tdist.all_reduce(t, op=rop)
-    except Exception as e:  # noqa: BLE001
-        _fail("all_reduce", e)
+
+    def reduce(host):
+        try:
+            tdist.all_reduce(_tensor(host), op=rop)
+        except Exception as e:  # noqa: BLE001
+            _fail("all_reduce", e)
+
+    _through_host(arr, reduce)
     if op == "avg":
         arr /= arr.dtype.type(_state["world_size"])
     return arr
@@ -188,11 +221,13 @@ def broadcast(arr, src: int = 0):
         return _state["nccl"].broadcast(arr, src)
     import torch.distributed as tdist  # noqa: PLC0415
 
-    try:
-        tdist.broadcast(_tensor(arr), src=int(src))
-    except Exception as e:  # noqa: BLE001
-        _fail("broadcast", e)
-    return arr
+    def copy_from_src(host):
+        try:
+            tdist.broadcast(_tensor(host), src=int(src))
+        except Exception as e:  # noqa: BLE001
+            _fail("broadcast", e)
+
+    return _through_host(arr, copy_from_src)
 
 
 def _wait(work, what):
@@ -210,8 +245,9 @@ def send(arr, dst: int) -> None:
     _counts["send"] += 1
     import torch.distributed as tdist  # noqa: PLC0415
 
+    host = arr.get() if on_gpu(arr) else np.ascontiguousarray(arr)
     try:
-        work = tdist.isend(_tensor(np.ascontiguousarray(arr)), dst=int(dst))
+        work = tdist.isend(_tensor(host), dst=int(dst))
     except Exception as e:  # noqa: BLE001
         _fail(f"send to rank {dst}", e)
     _wait(work, f"send to rank {dst}")
@@ -223,12 +259,14 @@ def recv(arr, src: int):
     _counts["recv"] += 1
     import torch.distributed as tdist  # noqa: PLC0415
 
-    try:
-        work = tdist.irecv(_tensor(arr), src=int(src))
-    except Exception as e:  # noqa: BLE001
-        _fail(f"recv from rank {src}", e)
-    _wait(work, f"recv from rank {src}")
-    return arr
+    def receive(host):
+        try:
+            work = tdist.irecv(_tensor(host), src=int(src))
+        except Exception as e:  # noqa: BLE001
+            _fail(f"recv from rank {src}", e)
+        _wait(work, f"recv from rank {src}")
+
+    return _through_host(arr, receive)
 
 
 def sendrecv(send_arr, dst: int, recv_arr, src: int):
@@ -239,14 +277,18 @@ def sendrecv(send_arr, dst: int, recv_arr, src: int):
     _counts["recv"] += 1
     import torch.distributed as tdist  # noqa: PLC0415
 
-    try:
-        ws = tdist.isend(_tensor(np.ascontiguousarray(send_arr)), dst=int(dst))
-        wr = tdist.irecv(_tensor(recv_arr), src=int(src))
-    except Exception as e:  # noqa: BLE001
-        _fail(f"sendrecv (to {dst}, from {src})", e)
-    _wait(wr, f"recv from rank {src}")
-    _wait(ws, f"send to rank {dst}")
-    return recv_arr
+    sent = send_arr.get() if on_gpu(send_arr) else np.ascontiguousarray(send_arr)
+
+    def exchange(host):
+        try:
+            ws = tdist.isend(_tensor(sent), dst=int(dst))
+            wr = tdist.irecv(_tensor(host), src=int(src))
+        except Exception as e:  # noqa: BLE001
+            _fail(f"sendrecv (to {dst}, from {src})", e)
+        _wait(wr, f"recv from rank {src}")
+        _wait(ws, f"send to rank {dst}")
+
+    return _through_host(recv_arr, exchange)
 
 
 def barrier() -> None:

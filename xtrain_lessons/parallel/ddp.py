@@ -34,7 +34,7 @@ import os
 import numpy as np
 
 from xtrain_lessons.parallel import collectives
-from xtrain_lessons.runtime.device import array_module
+from xtrain_lessons.runtime.device import array_module, get_device, import_cupy
 
 __all__ = ["DDP", "shard", "micro_batches", "accumulate_gradients", "average_scalar", "agree_any", "agree_max",
            "setup_from_env"]
@@ -198,5 +198,15 @@ def setup_from_env(timeout: float | None = None):
         return None
     if not collectives.is_initialized():
         t = timeout if timeout is not None else float(os.environ.get("XTRAIN_DIST_TIMEOUT", "120"))
-        collectives.init(cfg["rank"], cfg["world_size"], cfg["master_addr"], cfg["master_port"], t)
+        use_local_gpu(cfg["local_rank"])
+        collectives.init(cfg["rank"], cfg["world_size"], cfg["master_addr"], cfg["master_port"], t,
+                         backend=collectives.pick_backend(cfg["world_size"]))
     return cfg["rank"], cfg["world_size"]
+
+
+def use_local_gpu(local_rank: int) -> None:
+    """On a GPU, rank `local_rank` of this machine works on GPU local_rank % (number of GPUs):
+    one GPU each when there are enough, several ranks sharing one otherwise."""
+    if get_device() == "cuda":
+        cupy = import_cupy()
+        cupy.cuda.Device(local_rank % cupy.cuda.runtime.getDeviceCount()).use()

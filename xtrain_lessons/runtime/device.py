@@ -4,7 +4,7 @@ This module is the package's one seam between NumPy and CuPy: every "which array
 question is answered here (`get_xp`, `array_module`, `on_gpu`), CuPy is imported only here
 (`import_cupy`), and the paths that differ on a GPU are named choices made here:
 `kernel_backend` (the CPU emulator or CuPy's RawKernel), `scatter_add` (np.add.at or CuPy's),
-`move_to` (a parameter to "cpu" or "cuda"); the fused AdamW kernel, the Philox dropout kernel
+`move_to` (a parameter to "cpu" or "cuda"), `is_out_of_memory` (a GPU allocation that failed); the fused AdamW kernel, the Philox dropout kernel
 and NCCL are chosen by the layers above from `on_gpu`/`get_device`.
 
 Array code is written once against `xp = get_xp()`; the same lines run on either device.
@@ -123,6 +123,17 @@ def scatter_add(target, idx, values) -> None:
         import cupyx
 
         cupyx.scatter_add(target, idx, values)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """The GPU ran out of memory: CuPy's OutOfMemoryError, or CUDA / cuBLAS saying so (checked
+    by name, so that asking never imports CuPy)."""
+    kind = type(exc)
+    if kind.__name__ == "OutOfMemoryError" and kind.__module__.startswith("cupy"):
+        return True
+    text = str(exc)
+    return kind.__module__.startswith("cupy") and ("cudaErrorMemoryAllocation" in text
+                                                   or "CUBLAS_STATUS_ALLOC_FAILED" in text)
 
 
 def move_to(a, device: str):

@@ -62,6 +62,7 @@ checkpoint names the previous intact one, which ``from_checkpoint`` resumes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -87,7 +88,7 @@ from xtrain_lessons.parallel.ddp import (
 )
 from xtrain_lessons.runtime import cpu_threads
 from xtrain_lessons.runtime.allocator import keep_freed_memory
-from xtrain_lessons.runtime.device import array_module, get_device, to_device
+from xtrain_lessons.runtime.device import array_module, get_device, is_out_of_memory, to_device
 from xtrain_lessons.training.bpe_hf import load_tokenizer_impl, train_tokenizer_impl
 from xtrain_lessons.training.checkpoint import (
     CheckpointCorruptError,
@@ -117,7 +118,11 @@ from xtrain_lessons.training.schedule import lr_at
 from xtrain_lessons.training.tokenizer import save_tokenizer, tokenizer_hash
 from xtrain_lessons.training.validation import evaluate, sample_text
 
-__all__ = ["TrainResult", "train", "TrainingDiverged", "make_optimizer", "Trainer"]
+__all__ = ["TrainResult", "train", "TrainingDiverged", "OutOfDeviceMemory", "make_optimizer", "Trainer"]
+
+
+class OutOfDeviceMemory(RuntimeError):
+    """The GPU ran out of memory: the message names what did not fit and what to try."""
 
 
 @dataclass
@@ -154,7 +159,8 @@ def train(cfg: TrainConfig | None = None, *, resume: str | os.PathLike | None = 
                   log=log, t_start=t_start)
     # one writer per run directory (rank 0 writes for a whole `xtrain launch` group)
     lock = RunLock(cfg.out) if os.environ.get("RANK", "0") == "0" else None
-    with lock or _nothing(), cpu_threads.blas_threads_set(cfg.threads or _cores_per_process()):
+    with lock or _nothing(), cpu_threads.blas_threads_set(cfg.threads or _cores_per_process()), \
+            _out_of_memory_explained(run):
         run.setup()
         run.resume(from_checkpoint) if conf is not None else run.start()
         # Ctrl-C / SIGTERM deferred through the last checkpoint too: under `xtrain launch` a
@@ -162,6 +168,28 @@ def train(cfg: TrainConfig | None = None, *, resume: str | os.PathLike | None = 
         with _SigintDefer() as sigint:
             run.loop(cfg.steps if stop_at is None else min(cfg.steps, stop_at), sigint)
             return run.finish()
+
+
+@contextlib.contextmanager
+def _out_of_memory_explained(run: "Trainer"):
+    """A GPU allocation that fails anywhere in the run becomes OutOfDeviceMemory: one line naming
+    the model, the batch, the dtype and what to try. Nothing is written on the way out, so the
+    last checkpoint stays the last good one."""
+    try:
+        yield
+    except Exception as e:
+        if not is_out_of_memory(e):
+            raise
+        cfg = run.cfg
+        model = getattr(run, "model", None)
+        size = f"{model.n_params() / 1e6:.2f}M-parameter " if model is not None else ""
+        where = f"at step {run.step + 1}" if getattr(run, "looping", False) else "while setting up"
+        resume = (f"; the last checkpoint is intact: continue with --resume {run.dir.path}"
+                  if run.dir.has_checkpoints() else "")
+        raise OutOfDeviceMemory(
+            f"out of GPU memory {where}: the {size}{cfg.preset} model with a batch of {cfg.batch_size} x "
+            f"{cfg.seq_len} tokens in {cfg.dtype} does not fit ({e}). Try a smaller --batch-size (with "
+            f"--accum-steps to keep the batch), --recompute, --dtype bf16, or a shorter --seq-len{resume}") from None
 
 
 class _nothing:
@@ -461,6 +489,7 @@ class Trainer:
         self.bar = tqdm(total=cfg.steps, initial=self.step, disable=not self.progress,
                         dynamic_ncols=True, desc="train", unit="step", file=sys.stderr)
         self.mf = open(self.metrics_path, "a", encoding="utf-8")
+        self.looping = True
         try:
             while self.step < end:
                 if self._should_stop(sigint) or not self._guarded_step():
@@ -468,6 +497,7 @@ class Trainer:
                 if self._at_logging_point(end):
                     self.log()
             self._write(self._read_pending())  # stopped between logging points
+            self.looping = False  # (left True by an exception: the run failed inside the loop)
         except TrainingDiverged as e:
             self.status, self.message = "diverged", str(e)
         finally:

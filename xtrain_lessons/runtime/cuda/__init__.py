@@ -34,6 +34,8 @@ kernel(grid, block, args, shared_mem=0)
     64-bit value, which a GPU kernel silently misreads. shared_mem is the bytes of
     `extern __shared__` memory per block.
 kernel.signature (CPU) — the parameter list, e.g. "const float*, float*, float, int".
+kernel.array_module — numpy (the emulator reads NumPy arrays) or cupy (a GPU kernel reads CuPy ones):
+    put a kernel's arguments where it runs with `kernel.array_module.asarray(a)`.
 Module(code, options=(), name_expressions=(), backend="auto", sanitize=None), alias RawModule —
     `cupy.RawModule`'s API: get_function(name or name expression) -> Kernel; get_global(name)
     (a `__constant__`/`__device__` variable's memory, with copy_from_host / copy_to_host);
@@ -184,6 +186,12 @@ class Kernel:
     @property
     def signature(self) -> str | None:
         return getattr(self._impl, "signature", None)
+
+    @property
+    def array_module(self):
+        """The arrays this kernel reads: numpy for the emulator, cupy on a GPU
+        (`xk = kernel.array_module; kernel(grid, block, (xk.asarray(a), ...))`)."""
+        return import_cupy() if self.backend == "gpu" else np
 
     def __repr__(self) -> str:
         return f"Kernel({self.name!r}, file={self.filename!r}, backend={self.backend!r})"

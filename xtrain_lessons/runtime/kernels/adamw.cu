@@ -29,3 +29,31 @@ extern "C" __global__ void adamw_step(float* __restrict__ p, const float* __rest
         v[i] = vi;
     }
 }
+
+// adamw_step_scaled (the GPU engine's step, after grad_norm.cu): adamw_step's update, but
+//   (a) every gradient is first multiplied by factors[1] (unscale and clip in one factor:
+//       grad_norm_finish's out[1]), read from device memory — no host synchronisation;
+//   (b) when factors[2] != 0 (found_inf: a gradient overflowed under fp16 loss scaling) the
+//       kernel returns without touching p, m or v: the skipped step.
+// Everything else as adamw_step (same scalars, same order of operations, grid-stride loop).
+extern "C" __global__ void adamw_step_scaled(float* __restrict__ p, const float* __restrict__ g,
+                                             float* __restrict__ m, float* __restrict__ v,
+                                             const float* __restrict__ factors,
+                                             float decay, float one_minus_b1, float b2, float one_minus_b2,
+                                             float bc2_sqrt, float eps, float neg_step, int n, int n_decay) {
+    if (factors[2] != 0.0f) return;
+    const float f = factors[1];
+    int stride = gridDim.x * blockDim.x;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float theta = p[i];
+        if (i < n_decay) theta = theta * decay;
+        float gi = g[i] * f;
+        float mi = m[i];
+        mi = mi + one_minus_b1 * (gi - mi);
+        float vi = v[i] * b2 + one_minus_b2 * (gi * gi);
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        p[i] = theta + neg_step * (mi / denom);
+        m[i] = mi;
+        v[i] = vi;
+    }
+}

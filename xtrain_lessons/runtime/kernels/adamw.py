@@ -5,6 +5,17 @@ The optimizer built on it is `xtrain_lessons.training.fused_adamw.FusedAdamW`.
 adamw_flat(p, g, m, v, step, lr, betas, eps, weight_decay, n_decay) updates flat buffers in
 place (one launch); adamw_reference(...) is the same update in NumPy, with the engine AdamW's
 arithmetic.
+
+The GPU engine's step (T07) reads grad_norm.global_norm_and_clip's result on the device:
+
+    adamw_flat_scaled(p, g, m, v, factors, step, lr, betas, eps, weight_decay, n_decay)
+        factors: float32 device array of 3 (grad_norm's `out`): the gradients are multiplied by
+        factors[1] (unscale and clip) before the update, and when factors[2] != 0 (found_inf)
+        the kernel leaves p, m, v untouched (the skipped fp16 step). One launch of
+        `adamw_step_scaled`, no host synchronisation. The host's step count still advances
+        for a skipped step (it cannot know without a sync). Reference:
+        adamw_scaled_reference(...) = adamw_reference after g *= factors[1], nothing when
+        factors[2] != 0.
 """
 
 from __future__ import annotations
@@ -15,8 +26,9 @@ import numpy as np
 
 from xtrain_lessons.runtime.cuda import load_kernel
 from xtrain_lessons.runtime.device import array_module, kernel_backend
+from xtrain_lessons.runtime.kernels._common import F32, check, device_of
 
-__all__ = ["adamw_flat", "adamw_reference", "adamw_scalars", "BLOCK"]
+__all__ = ["adamw_flat", "adamw_reference", "adamw_scalars", "adamw_flat_scaled", "adamw_scaled_reference", "BLOCK"]
 
 BLOCK = 256
 MAX_GRID = 1024
@@ -52,6 +64,28 @@ def adamw_flat(p, g, m, v, step: int, lr: float, betas=(0.9, 0.999), eps: float 
            + (np.int32(n), np.int32(n_decay)))
 
 
+def adamw_flat_scaled(p, g, m, v, factors, step: int, lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
+                      weight_decay: float = 0.0, n_decay: int | None = None) -> None:
+    """adamw_flat with the gradients multiplied by factors[1] and the step skipped when
+    factors[2] != 0, both read on the device (see the module doc). One launch."""
+    fn = "adamw_flat_scaled"
+    xp = device_of(fn, "p", p)
+    check(fn, "p", p, xp, (F32,))
+    if p.ndim != 1:
+        raise ValueError(f"{fn}: p must be 1-D, got shape {tuple(p.shape)}")
+    n = int(p.size)
+    for name, a in (("g", g), ("m", m), ("v", v)):
+        check(fn, name, a, xp, (F32,), (n,))
+    check(fn, "factors", factors, xp, (F32,), (3,))  # grad_norm.global_norm_and_clip's out
+    if n == 0:
+        return
+    n_decay = n if n_decay is None else int(n_decay)
+    kernel = load_kernel("adamw.cu", "adamw_step_scaled", backend=kernel_backend(xp))
+    grid = min((n + BLOCK - 1) // BLOCK, MAX_GRID)
+    kernel((grid,), (BLOCK,), (p, g, m, v, factors) + adamw_scalars(step, lr, betas, eps, weight_decay)
+           + (np.int32(n), np.int32(n_decay)))
+
+
 def adamw_reference(p, g, m, v, step: int, lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
                     weight_decay: float = 0.0, n_decay: int | None = None) -> None:
     """The NumPy reference of adamw_flat (in place), with the engine AdamW's arithmetic."""
@@ -66,3 +100,12 @@ def adamw_reference(p, g, m, v, step: int, lr: float, betas=(0.9, 0.999), eps: f
     denom /= bc2_sqrt
     denom += eps32
     p += neg_step * (m / denom)
+
+
+def adamw_scaled_reference(p, g, m, v, factors, step: int, lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
+                           weight_decay: float = 0.0, n_decay: int | None = None) -> None:
+    """The NumPy reference of adamw_flat_scaled (in place; factors a NumPy array)."""
+    factors = np.asarray(factors, np.float32)
+    if factors[2] != 0:
+        return
+    adamw_reference(p, g * factors[1], m, v, step, lr, betas, eps, weight_decay, n_decay)

@@ -9,6 +9,14 @@
 // the same element, so the addition must be atomic (atomicAdd). Float atomics complete in any
 // order, so the sums may differ from a sequential sum in the last bits from run to run.
 // dweight must be zeroed before the launch.
+//
+// embedding_bwd<T> (the GPU engine's, phase T07): the same scatter-add with int64 ids (as the
+// data loader makes them, checked by the caller — this kernel only skips an id outside
+// [0, vocab)), a gradient g of storage type T (float, __nv_bfloat16, __half: loaded into float)
+// and a float32 gw; a grid-stride loop, so any grid covers the n_tokens * dim elements.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 extern "C" __global__ void embedding_forward(const int* __restrict__ ids, const float* __restrict__ weight,
                                              float* __restrict__ out, int n_tokens, int vocab, int dim) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -31,3 +39,26 @@ extern "C" __global__ void embedding_backward(const int* __restrict__ ids, const
     if (id < 0 || id >= vocab) return;
     atomicAdd(&dweight[(long long)id * dim + k], dout[i]);
 }
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+
+template <typename T>
+__global__ void embedding_bwd(const long long* __restrict__ ids, const T* __restrict__ g, float* __restrict__ gw,
+                              long long n_tokens, int vocab, int dim) {
+    const long long n = n_tokens * dim;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const long long t = i / dim;
+        const int k = (int)(i % dim);
+        const long long id = ids[t];
+        if (id < 0 || id >= vocab) continue;
+        atomicAdd(&gw[id * dim + k], to_float(g[i]));
+    }
+}
+
+// The instantiations the launcher uses (explicit, so a plain nvcc/NVRTC compile emits them).
+template __global__ void embedding_bwd<float>(const long long*, const float*, float*, long long, int, int);
+template __global__ void embedding_bwd<__nv_bfloat16>(const long long*, const __nv_bfloat16*, float*, long long, int,
+                                                      int);
+template __global__ void embedding_bwd<__half>(const long long*, const __half*, float*, long long, int, int);

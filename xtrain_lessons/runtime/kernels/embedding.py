@@ -7,6 +7,17 @@ and their NumPy references.
 
 ids may have any shape and any integer dtype (they are checked to lie in [0, vocab), then
 passed to the kernel as int32); weight and dout must be C-contiguous float32.
+
+The GPU engine's backward (T07), the CUDA twin of runtime/host/fused_rows' embedding_bwd:
+
+    embedding_bwd(ids, g, gw)
+        ids (N,) int64, already range-checked by the caller (the launcher never reads them: no
+        host synchronisation); g (N, D) of float32, bfloat16 or float16; gw (V, D) float32,
+        zeroed by the launcher (gw.fill(0), a memset) and then scatter-added into by the
+        atomic kernel: gw[v] = the sum of g[t] over the tokens t with ids[t] = v. Float atomics
+        complete in any order, so on a GPU the last bits of a row with repeated ids can differ
+        from run to run (fused_rows' C++ sums in token order, np.add.at's bits).
+        Reference: embedding_bwd_reference(ids, g, vocab) (float64).
 """
 
 from __future__ import annotations
@@ -15,8 +26,11 @@ import numpy as np
 
 from xtrain_lessons.runtime.cuda import load_kernel
 from xtrain_lessons.runtime.device import array_module, kernel_backend
+from xtrain_lessons.runtime.kernels._common import F32, STORAGE, check, device_of, grid_for, kernel, \
+    name_expression
 
 BLOCK = 256
+NAME_EXPRESSIONS = tuple(name_expression("embedding_bwd", T) for T in STORAGE)  # embedding_bwd's
 
 
 def _check_float32(x, what: str) -> None:
@@ -89,3 +103,29 @@ def embedding_backward_reference(ids, dout, vocab: int):
     dweight = np.zeros((vocab, dout.shape[1]), np.float64)
     np.add.at(dweight, ids, dout)
     return dweight.astype(np.float32)
+
+
+def embedding_bwd(ids, g, gw) -> None:
+    """gw = 0, then gw[ids[t]] += g[t] for every token t (see the module doc); two launches."""
+    fn = "embedding_bwd"
+    xp = device_of(fn, "g", g)
+    check(fn, "g", g, xp, STORAGE)
+    if g.ndim != 2:
+        raise ValueError(f"{fn}: g must have shape (N, D), got {tuple(g.shape)}")
+    N, D = g.shape
+    check(fn, "ids", ids, xp, (np.int64,), (N,))
+    check(fn, "gw", gw, xp, (F32,))
+    if gw.ndim != 2 or gw.shape[1] != D:
+        raise ValueError(f"{fn}: gw must have shape (V, {D}), got {tuple(gw.shape)}")
+    gw.fill(0)
+    if N and D:
+        k = kernel("embedding.cu", name_expression(fn, g.dtype), NAME_EXPRESSIONS, xp)
+        k((grid_for(N * D),), (BLOCK,), (ids, g, gw, np.int64(N), np.int32(gw.shape[0]), np.int32(D)))
+
+
+def embedding_bwd_reference(ids, g, vocab: int):
+    """float64 (vocab, D): the rows of g summed into rows ids (np.add.at)."""
+    g64 = np.asarray(g).astype(np.float64)
+    gw = np.zeros((vocab, g64.shape[1]), np.float64)
+    np.add.at(gw, np.asarray(ids), g64)
+    return gw
