@@ -33,3 +33,15 @@ def test_book_builds_offline_with_warnings_as_errors(tmp_path):
     assert not remote, "pages load from the network:\n" + "\n".join(remote[:10])
     t05 = (html / "solutions" / "T05_transformer.html").read_text(encoding="utf-8")
     assert 'src="../_static/mathjax/MathJax.js' in t05 and (html / "_static" / "mathjax" / "MathJax.js").exists()
+
+
+def test_the_course_map_is_generated_from_the_phase_table():
+    """book/course_map.md, the book's first chapter, is the phase table's (phases.py), every phase in it."""
+    from xtrain_lessons.course import phases
+
+    page = (REPO / "book" / "course_map.md").read_text(encoding="utf-8")
+    assert page == phases.course_map_markdown(), \
+        "book/course_map.md is stale: run `xtrain notebooks build` (it regenerates the page from phases.py)"
+    for p in phases.TABLE:
+        assert f"**{p.id}** {p.title}" in page, p.id
+    assert phases.runs_where_markdown() in page

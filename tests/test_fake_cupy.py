@@ -178,29 +178,33 @@ LOW_PRECISION = {"bf16": ["--dtype", "bf16"], "fp16": ["--dtype", "fp16", "--acc
 
 @pytest.mark.parametrize("case", sorted(LOW_PRECISION))
 def test_xtrain_train_device_cuda_low_precision_is_the_cpus(case, corpus, tmp_path, gpu, monkeypatch):
-    """bf16 and fp16 round every activation, and the CuPy path rounds in other places than the
-    CPU engine (bf16's fan-in sums, for one), so the runs are farther apart than float32
-    rounding. The claim is that it is the same low-precision computation: the CuPy run is closer
-    to the CPU's run in the same dtype than the CPU's float32 run is, over all weights and in every
-    step's loss, and within 2x of that distance for every tensor (measured, bf16: 0.31x over all
-    weights, 0.88x for the worst tensor, 0.04x in the loss); fp16's loss scale takes the same
-    values on both devices."""
+    """bf16 and fp16 round every activation, and a GPU rounds in other places than the CPU's
+    emulation (cuBLAS returns bf16 attention scores and weight gradients, as under torch.autocast;
+    the CPU keeps both float32), so the two low-precision runs differ by more than float32 rounding.
+    The claim is that the CuPy path is as accurate as the CPU's emulation, both measured against
+    the float32 run: over all weights and in every step's loss within 1.5x of the CPU's distance,
+    for every matrix within 2x, for every norm gain (32 to 48 numbers: noisy) within 4x. Measured
+    (AMD EPYC, this run): bf16 1.00x over all weights, 1.43x for the worst matrix, 2.9x for the
+    worst gain, 0.33x in the loss; fp16 1.00x everywhere. fp16's loss scale takes the same values
+    on both devices."""
     extra = LOW_PRECISION[case]
     m_cpu, w_cpu = _run(corpus, tmp_path / "cpu", "cpu", extra, monkeypatch)
     m_f32, w_f32 = _run(corpus, tmp_path / "f32", "cpu", [], monkeypatch)
     m_gpu, w_gpu = _run(corpus, tmp_path / "gpu", "cuda", extra, monkeypatch)
     assert [b.get("loss_scale") for b in m_gpu] == [a.get("loss_scale") for a in m_cpu]
-    assert _loss_spread(m_gpu, m_cpu) < _loss_spread(m_f32, m_cpu)
-    d_gpu, d_f32 = _distances(w_gpu, w_cpu), _distances(w_f32, w_cpu)
-    assert d_gpu[None] < d_f32[None]
-    for k in w_cpu:
-        assert d_gpu[k] <= 2 * d_f32[k], (k, d_gpu[k], d_f32[k])
+    assert _loss_spread(m_gpu, m_f32) <= 1.5 * _loss_spread(m_cpu, m_f32)
+    d_gpu, d_cpu = _distances(w_gpu, w_f32), _distances(w_cpu, w_f32)
+    assert d_gpu[None] <= 1.5 * d_cpu[None], (d_gpu[None], d_cpu[None])
+    for k in w_f32:
+        assert d_gpu[k] <= (2 if w_f32[k].ndim == 2 else 4) * d_cpu[k], (k, d_gpu[k], d_cpu[k])
 
 
-@pytest.mark.parametrize("dtype,per_step", [("float32", 0), ("fp16", 1)])
-def test_host_syncs_only_at_logging_points(dtype, per_step, corpus, tmp_path, gpu, monkeypatch):
+@pytest.mark.parametrize("dtype", ["float32", "bf16", "fp16"])
+def test_host_syncs_only_at_logging_points(dtype, corpus, tmp_path, gpu, monkeypatch):
     """On a GPU the step does not wait for the device (T07): no host synchronisation inside
-    train_step in float32 (fp16: exactly one, the scaler's inf check)."""
+    train_step in any dtype — the gradient norm, the clip, fp16's inf check, its skipped step and
+    its loss-scale update all run on the device, read at the logging points."""
+    per_step = 0
     inside = []
     real = loop.Trainer.train_step
 
@@ -226,22 +230,24 @@ def test_doctor_reports_the_precisions_on_the_gpu_path(gpu):
 
 
 def test_activation_memory_of_each_precision_on_the_gpu_path(gpu):
-    """What the storage choice means on CuPy: fp16 activations take 2 bytes (about 45% less
-    kept for the backward than float32), bf16 ones are float32 arrays holding bf16 values:
-    no saving (the bf16 weight copies even add to it)."""
+    """What the storage choice means on the GPU path: bf16 and fp16 activations are real 2-byte
+    arrays (bfloat16 through ml_dtypes, as CuPy 14 stores it), so a step keeps at most 0.6x the
+    bytes a float32 step keeps for its backward (the residual stream, 1/rms and the loss's row
+    statistics stay float32, the bf16 weight copies are counted)."""
+    import ml_dtypes  # noqa: PLC0415
+
     from xtrain_lessons.model.qwen3 import PRESETS, Model  # noqa: PLC0415
     from xtrain_lessons.model.recompute import saved_bytes  # noqa: PLC0415
 
-    kept = {}
+    kept, dtypes = {}, {}
     for dtype in ("float32", "bf16", "fp16"):
-        m = Model(PRESETS["test"].replace(vocab_size=256, max_seq_len=64), seed=0)
-        for p in m.parameters():
-            p.data = device.to_device(p.data)
+        m = Model(PRESETS["test"].replace(vocab_size=256, max_seq_len=64), seed=0).to("cuda")
         m.compute_dtype = dtype
         ids = np.random.default_rng(0).integers(0, 256, (4, 64))
         kept[dtype] = saved_bytes(m.loss(ids, ids))
-    assert kept["fp16"] < 0.65 * kept["float32"]
-    assert kept["bf16"] >= kept["float32"]
+        dtypes[dtype] = m(ids).data.dtype  # the activations' storage
+    assert kept["bf16"] <= 0.6 * kept["float32"] and kept["fp16"] <= 0.6 * kept["float32"], kept
+    assert dtypes["bf16"] == np.dtype(ml_dtypes.bfloat16) and dtypes["fp16"] == np.dtype(np.float16), dtypes
 
 
 def test_caching_allocator_on_cupys_pool(gpu):
@@ -372,3 +378,31 @@ def test_an_operand_that_opts_out_of_ufuncs_gets_the_reflected_operator(gpu):
     t = Tensor(gpu.asarray(np.float32([1.0, 2.0])), requires_grad=True)
     d = gpu.asarray(np.float32([5.0, 5.0])) - t
     assert isinstance(d, Tensor) and d.data.get().tolist() == [4.0, 3.0]
+
+
+def test_an_fp16_overflow_is_skipped_and_backed_off_on_the_device(gpu):
+    """fp16 on the GPU: an inf gradient makes FusedAdamW's norm kernel set found_inf, its step
+    leaves the weights and moments as they were, and the scaler halves its scale and counts the
+    skip, all on the device (no host synchronisation); a clean step then updates and counts growth."""
+    from xtrain_lessons.model.qwen3 import PRESETS, Model  # noqa: PLC0415
+    from xtrain_lessons.training.fused_adamw import FusedAdamW  # noqa: PLC0415
+    from xtrain_lessons.training.grad_scaler import GradScaler  # noqa: PLC0415
+
+    m = Model(PRESETS["test"], seed=0).to("cuda")
+    opt = FusedAdamW(m.named_parameters(), lr=1e-2)
+    scaler = GradScaler(init_scale=1024.0, growth_interval=1).to_device(gpu)
+    ids = np.random.default_rng(0).integers(0, PRESETS["test"].vocab_size, (2, 8))
+    for overflow in (True, False):
+        m.zero_grad()
+        scaler.scale(m.loss(ids, ids)).backward()
+        if overflow:
+            m.params["lm_head.weight"].grad[0, 0] = np.float32(np.inf)
+        before = opt.flat_param.get()
+        syncs = gpu.stats["host_syncs"]
+        opt.clip_grad_norm(1.0, scale_state=scaler.state)
+        opt.step(1e-2, where=gpu.asarray(np.bool_(True)))
+        scaler.update_from(opt.last_factors)
+        assert gpu.stats["host_syncs"] == syncs
+        changed = not np.array_equal(opt.flat_param.get(), before)
+        assert changed != overflow
+    assert scaler.state.get().tolist() == [1024.0, 0.0, 1.0]  # halved, then grown back after 1 clean step

@@ -714,3 +714,36 @@ def test_launchers_on_the_stand_in_match_numpy(fake_gpu):
         ccall()
     for k, a in cpu_arrays.items():
         np.testing.assert_array_equal(fake_gpu.asnumpy(gpu_arrays[k]), a, err_msg=f"array {k}")
+
+
+# ------------------------------------------------------------------ grad_scaler.cu
+@pytest.mark.parametrize("found", [0.0, 1.0])
+@pytest.mark.parametrize("state,interval,dynamic", [([65536.0, 1999.0, 0.0], 2000, True), ([65536.0, 5.0, 3.0], 2000, True),
+                                                   ([3.0e38, 1.0, 0.0], 2, True), ([8.0, 1.0, 2.0], 2, False)])
+def test_update_scale_is_gradscalers_rule(found, state, interval, dynamic):
+    """The loss scale's update on the device equals training/grad_scaler.py's rule bit for bit:
+    back off on an inf, grow after `interval` clean steps unless the grown scale is not finite,
+    count the skips; a fixed scale only counts."""
+    from xtrain_lessons.runtime.kernels.grad_scaler import update_scale, update_scale_reference  # noqa: PLC0415
+    from xtrain_lessons.training.grad_scaler import GradScaler  # noqa: PLC0415
+
+    s = np.array(state, np.float32)
+    want = update_scale_reference(s, bool(found), 2.0, 0.5, interval, dynamic)
+    update_scale(s, np.array([1.0, 1.0, found], np.float32), 2.0, 0.5, interval, dynamic)
+    assert np.array_equal(s, want)
+    host = GradScaler(init_scale=state[0], growth_interval=interval, dynamic=dynamic)
+    host._growth_tracker, host.skipped_steps, host.found_inf = int(state[1]), int(state[2]), bool(found)
+    with np.errstate(over="ignore"):
+        host.update()
+    assert [host.get_scale(), host._growth_tracker, host.skipped_steps] == s.tolist()
+
+
+def test_grad_norm_reads_the_loss_scale_on_the_device():
+    """grad_norm_finish_scaled: the same out as passing inv_scale = float32(1 / scale) from the host."""
+    from xtrain_lessons.runtime.kernels.grad_norm import global_norm_and_clip  # noqa: PLC0415
+
+    g = np.random.default_rng(3).standard_normal(5000).astype(np.float32) * np.float32(4096)
+    host, dev = np.empty(3, np.float32), np.empty(3, np.float32)
+    global_norm_and_clip(g, None, host, 1.0, inv_scale=float(np.float32(1.0 / np.float64(4096.0))))
+    global_norm_and_clip(g, None, dev, 1.0, scale_state=np.array([4096.0, 0.0, 0.0], np.float32))
+    assert np.array_equal(host, dev) and host[2] == 0.0

@@ -55,7 +55,8 @@ calls: collections.Counter = collections.Counter()  # "kind:name" -> device call
 _NO_LAUNCH = {"reshape", "ravel", "transpose", "swapaxes", "moveaxis", "squeeze", "expand_dims", "broadcast_to",
               "broadcast_arrays", "atleast_1d", "atleast_2d", "atleast_3d", "view", "empty", "empty_like",
               "split", "array_split", "diagonal", "result_type", "can_cast", "shape", "ndim", "size",
-              "asnumpy", "get_array_module", "iinfo", "finfo", "dtype", "promote_types", "isscalar", "rollaxis"}
+              "asnumpy", "get_array_module", "iinfo", "finfo", "dtype", "promote_types", "isscalar", "rollaxis",
+              "may_share_memory", "shares_memory"}
 _CONVERTERS = {"array", "asarray", "asanyarray", "ascontiguousarray"}  # these take host data
 _HOST_MSG = ("Implicit conversion to a NumPy array is not allowed. "
              "Please use `.get()` to construct a NumPy array explicitly.")
@@ -479,7 +480,7 @@ def __getattr__(name):  # PEP 562: the rest of CuPy's names, served by NumPy
     if name in _served:
         return _served[name]
     v = getattr(np, name)
-    if isinstance(v, np.ufunc):
+    if isinstance(v, np.ufunc) and name != "matmul":  # matmul is cuBLAS's (_matmul), not a ufunc here
         v = ufunc(v)
     elif callable(v) and not isinstance(v, type):
         v = _function(name, v)

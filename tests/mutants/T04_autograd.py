@@ -166,13 +166,25 @@ MUTANTS = {
         """,
     },
     "T04.6": {
-        "no max subtracted (overflows for large logits)": """
+        "no max subtracted (overflows for large logits)": ("""
             e = np.exp(x.data)
             y = e / e.sum(axis=-1, keepdims=True)
             def backward(g):
                 return (y * (g - (g * y).sum(axis=-1, keepdims=True)),)
             return make_node(y, (x,), backward, "softmax")
-        """,
+        """, "logits ~1000"),
+        "the maximum of the whole array, not of each row": (_SOFTMAX_FWD.replace(
+            "x.data.max(axis=-1, keepdims=True)", "x.data.max()") + """
+            def backward(g):
+                return (y * (g - (g * y).sum(axis=-1, keepdims=True)),)
+            return make_node(y, (x,), backward, "softmax")
+        """.replace("            ", ""), "all-negative rows"),
+        "the row maximum clipped at 0": (_SOFTMAX_FWD.replace(
+            "x.data.max(axis=-1, keepdims=True)", "np.maximum(x.data.max(axis=-1, keepdims=True), 0)") + """
+            def backward(g):
+                return (y * (g - (g * y).sum(axis=-1, keepdims=True)),)
+            return make_node(y, (x,), backward, "softmax")
+        """.replace("            ", ""), "all-negative rows"),
         "backward without the row sum (y * g)": _SOFTMAX_FWD + """
             def backward(g):
                 return (y * g,)
@@ -190,7 +202,12 @@ MUTANTS = {
         """.replace("            ", ""),
     },
     "T04.7": {
-        "no max subtracted (overflows)": _CE.replace("m = z.max(axis=1, keepdims=True)", "m = np.zeros((len(z), 1))"),
+        "no max subtracted (overflows)": (_CE.replace("m = z.max(axis=1, keepdims=True)", "m = np.zeros((len(z), 1))"),
+                                          "logits ~1000"),
+        "the maximum of the whole batch, not of each row": (_CE.replace(
+            "m = z.max(axis=1, keepdims=True)", "m = np.full((len(z), 1), z.max())"), "all-negative rows"),
+        "the row maximum clipped at 0": (_CE.replace(
+            "m = z.max(axis=1, keepdims=True)", "m = np.maximum(z.max(axis=1, keepdims=True), 0)"), "all-negative rows"),
         "gradient not divided by N": _CE.replace("(g / len(targets))", "g"),
         "one-hot not subtracted in the backward": _CE.replace("    dz[rows, targets] -= 1\n", ""),
         "loss summed, not averaged": _CE.replace("loss = np.mean(", "loss = np.sum("),

@@ -1,28 +1,39 @@
 """Plausible wrong solutions of T05's exercises (format: tests/test_mutants.py, CONTRIBUTING.md)."""
 
-_ATTN_HEAD = """
-k = np.repeat(k, G, axis=2)
-v = np.repeat(v, G, axis=2)
-qh, kh, vh = (a.transpose(0, 2, 1, 3) for a in (q, k, v))
-"""
-_ATTN_TAIL = """
-s = s - s.max(axis=-1, keepdims=True)
-p = np.exp(s)
-p = p / p.sum(axis=-1, keepdims=True)
-return (p @ vh).transpose(0, 2, 1, 3)
-"""
-_CAUSAL = """
-future = np.triu(np.ones((T, T), dtype=bool), k=1)
-s = np.where(future, -np.inf, s)
-"""
-_SCORES = "s = qh @ kh.transpose(0, 1, 3, 2) / np.sqrt(D).astype(q.dtype)\n"
-
 _ROPE_TABLES = """
 inv_freq = theta ** (-np.arange(0, D, 2, dtype=np.float64) / D)
 ang = np.arange(start, start + T, dtype=np.float64)[:, None] * inv_freq[None, :]
 ang = np.concatenate([ang, ang], axis=-1)
 cos = np.cos(ang).astype(x.dtype)[None, :, None, :]
 sin = np.sin(ang).astype(x.dtype)[None, :, None, :]
+"""
+
+_SOFTMAX = """
+e = np.exp(s - s.max(axis=-1, keepdims=True))
+return e / e.sum(axis=-1, keepdims=True)
+"""
+_ONE_HEAD = """
+s = q @ k.T * D ** -0.5
+s = np.where(np.triu(np.ones((T, T), dtype=bool), k=1), -np.inf, s)
+p = softmax_rows(s)
+return p @ v, p
+"""
+_HEADS = """
+qh, kh, vh = (a.transpose(0, 2, 1, 3) for a in (q, k, v))
+s = qh @ kh.transpose(0, 1, 3, 2) * D ** -0.5
+s = np.where(np.triu(np.ones((T, T), dtype=bool), k=1), -np.inf, s)
+return (softmax_rows(s) @ vh).transpose(0, 2, 1, 3)
+"""
+_BLOCK = """
+h = rmsnorm(x, P[p + "input_layernorm.weight"], c.norm_eps)
+q, k, v = ((h @ P[p + f"self_attn.{n}_proj.weight"].T).reshape(B, T, H, D) for n in "qkv")
+if c.qk_norm:
+    q = rmsnorm(q, P[p + "self_attn.q_norm.weight"], c.norm_eps)
+    k = rmsnorm(k, P[p + "self_attn.k_norm.weight"], c.norm_eps)
+q, k = rope(q, c.rope_theta), rope(k, c.rope_theta)
+x = x + causal_attention(q, k, v).reshape(B, T, H * D) @ P[p + "self_attn.o_proj.weight"].T
+h = rmsnorm(x, P[p + "post_attention_layernorm.weight"], c.norm_eps)
+return x + swiglu_mlp(h, P[p + "mlp.gate_proj.weight"], P[p + "mlp.up_proj.weight"], P[p + "mlp.down_proj.weight"])
 """
 
 MUTANTS = {
@@ -42,6 +53,18 @@ MUTANTS = {
         "variance (mean subtracted) instead of mean square": """
             return x / np.sqrt(np.var(x, axis=-1, keepdims=True) + eps) * w
         """,
+        "accumulated in float64 and returned in float64": ("""
+            ms = np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True)
+            return x / np.sqrt(ms + eps) * w
+        """, "dtype float64"),
+        "eps outside the square root (named case)": ("""
+            ms = np.mean(x * x, axis=-1, keepdims=True)
+            return x / (np.sqrt(ms) + eps) * w
+        """, "mean square near eps"),
+        "eps added to x before squaring": ("""
+            ms = np.mean((x + eps) ** 2, axis=-1, keepdims=True)
+            return x / np.sqrt(ms) * w
+        """, "mean square near eps"),
     },
     "T05.2": {
         "positions from 0, start ignored": _ROPE_TABLES.replace("start, start + T", "0, T") + """
@@ -61,18 +84,7 @@ MUTANTS = {
             return x * cos + rotated * sin
         """.replace("            ", ""),
     },
-    "T05.3": {
-        "causal mask forgotten": _ATTN_HEAD + _SCORES + _ATTN_TAIL,
-        "no 1/sqrt(D) scale": _ATTN_HEAD + _SCORES.replace(" / np.sqrt(D).astype(q.dtype)", "") + _CAUSAL + _ATTN_TAIL,
-        "mask keeps the diagonal out (k=0)": _ATTN_HEAD + _SCORES + _CAUSAL.replace("k=1", "k=0")
-        + "s = np.where(np.isneginf(s).all(-1, keepdims=True), 0, s)\n" + _ATTN_TAIL,
-        "kv heads tiled (0,1,0,1) instead of repeated (0,0,1,1)": _ATTN_HEAD.replace(
-            "np.repeat(k, G, axis=2)", "np.tile(k, (1, 1, G, 1))").replace(
-            "np.repeat(v, G, axis=2)", "np.tile(v, (1, 1, G, 1))") + _SCORES + _CAUSAL + _ATTN_TAIL,
-        "softmax over the query axis": _ATTN_HEAD + _SCORES + _CAUSAL + _ATTN_TAIL.replace(
-            "p = p / p.sum(axis=-1, keepdims=True)", "p = p / p.sum(axis=-2, keepdims=True)"),
-    },
-    "T05.4": {
+    "T05.6": {
         "overflowing sigmoid a / (1 + exp(-a))": """
             gate = h @ w_gate.T
             up = h @ w_up.T
@@ -96,7 +108,7 @@ MUTANTS = {
             return (silu * up) @ w_down.T
         """,
     },
-    "T05.5": {
+    "T05.7": {
         "float64 result (the logits' dtype is asked for)": """
             m = z.max(axis=1, keepdims=True)
             lse = m[:, 0] + np.log(np.exp(z.astype(np.float64) - m).sum(axis=1))
@@ -121,5 +133,62 @@ MUTANTS = {
             lse = m[:, 0] + np.log(np.exp(z - m).sum(axis=1))
             return (lse - z[:, t].mean(axis=0)).mean().astype(logits.dtype)
         """,
+    },
+    "T05.3": {
+        "no max subtracted (overflows at scores ~100)": (_SOFTMAX.replace(" - s.max(axis=-1, keepdims=True)", ""),
+                                                         "subtract the row maximum"),
+        "the maximum of the whole array, not of each row": (_SOFTMAX.replace("s.max(axis=-1, keepdims=True)", "s.max()"),
+                                                            "all-negative row"),
+        "the row maximum clipped at 0": (_SOFTMAX.replace("s.max(axis=-1, keepdims=True)",
+                                                          "np.maximum(s.max(axis=-1, keepdims=True), 0)"),
+                                         "all-negative row"),
+        "maximum over the wrong axis": _SOFTMAX.replace("s.max(axis=-1, keepdims=True)", "s.max(axis=0, keepdims=True)"),
+        "normalised over the wrong axis": _SOFTMAX.replace("e.sum(axis=-1, keepdims=True)", "e.sum(axis=0, keepdims=True)"),
+        "max without keepdims (broadcasts against the wrong axis)": _SOFTMAX.replace(
+            "s.max(axis=-1, keepdims=True)", "s.max(axis=-1)"),
+    },
+    "T05.4": {
+        "causal mask forgotten": _ONE_HEAD.replace(
+            "s = np.where(np.triu(np.ones((T, T), dtype=bool), k=1), -np.inf, s)\n", ""),
+        "no 1/sqrt(D) scale": _ONE_HEAD.replace(" * D ** -0.5", ""),
+        "the diagonal masked too (k=0)": _ONE_HEAD.replace("k=1", "k=0"),
+        "scores transposed (k q^T)": _ONE_HEAD.replace("q @ k.T", "k @ q.T"),
+        "softmax over the query axis": _ONE_HEAD.replace("p = softmax_rows(s)", "p = softmax_rows(s.T).T"),
+        "scale as a NumPy float64 (float64 result)": (_ONE_HEAD.replace("* D ** -0.5", "/ np.sqrt(D)"), "float64"),
+    },
+    "T05.5": {
+        "heads by reshape, not transpose (positions and heads mixed)": (_HEADS.replace(
+            "(a.transpose(0, 2, 1, 3) for a in (q, k, v))", "(a.reshape(B, H, T, D) for a in (q, k, v))")),
+        "output reshaped back instead of transposed": _HEADS.replace(
+            ".transpose(0, 2, 1, 3)\n", ".reshape(B, T, H, D)\n").replace(
+            "(a.reshape(B, T, H, D) for a", "(a.transpose(0, 2, 1, 3) for a"),
+        "causal mask forgotten": _HEADS.replace(
+            "s = np.where(np.triu(np.ones((T, T), dtype=bool), k=1), -np.inf, s)\n", ""),
+        "scale 1/D instead of 1/sqrt(D)": _HEADS.replace("D ** -0.5", "(1.0 / D)"),
+        "keys not transposed per head (kh.transpose(0, 1, 2, 3))": _HEADS.replace(
+            "kh.transpose(0, 1, 3, 2)", "kh.transpose(0, 1, 2, 3).swapaxes(-1, -2).swapaxes(0, 1)"),
+    },
+    "T05.8": {
+        "post-norm (the sum normalised, not the branch input)": """
+            a_in = x
+            q, k, v = ((x @ P[p + f"self_attn.{n}_proj.weight"].T).reshape(B, T, H, D) for n in "qkv")
+            q, k = rope(q, c.rope_theta), rope(k, c.rope_theta)
+            x = rmsnorm(x + causal_attention(q, k, v).reshape(B, T, H * D) @ P[p + "self_attn.o_proj.weight"].T,
+                        P[p + "input_layernorm.weight"], c.norm_eps)
+            return rmsnorm(x + swiglu_mlp(x, P[p + "mlp.gate_proj.weight"], P[p + "mlp.up_proj.weight"],
+                                          P[p + "mlp.down_proj.weight"]), P[p + "post_attention_layernorm.weight"], c.norm_eps)
+        """,
+        "attention residual forgotten": _BLOCK.replace(
+            "x = x + causal_attention", "x = causal_attention"),
+        "RoPE before QK-norm": _BLOCK.replace(
+            "q, k = rope(q, c.rope_theta), rope(k, c.rope_theta)\n", "").replace(
+            "if c.qk_norm:", "q, k = rope(q, c.rope_theta), rope(k, c.rope_theta)\nif c.qk_norm:"),
+        "the MLP reads the block's input, not the updated stream": _BLOCK.replace(
+            'h = rmsnorm(x, P[p + "post_attention_layernorm.weight"], c.norm_eps)',
+            'h = rmsnorm(h0, P[p + "post_attention_layernorm.weight"], c.norm_eps)').replace(
+            'h = rmsnorm(x, P[p + "input_layernorm.weight"], c.norm_eps)',
+            'h0 = x\nh = rmsnorm(x, P[p + "input_layernorm.weight"], c.norm_eps)'),
+        "one norm weight for both branches": _BLOCK.replace('"post_attention_layernorm.weight"', '"input_layernorm.weight"'),
+        "QK-norm skipped": _BLOCK.replace("if c.qk_norm:", "if False:"),
     },
 }

@@ -51,7 +51,13 @@ return out
 
 MUTANTS = {
     "T06.1": {
-        "no max subtracted (overflows)": _CE.replace("m = z.max(axis=1, keepdims=True)", "m = 0 * z[:, :1]"),
+        "no max subtracted (overflows)": (_CE.replace("m = z.max(axis=1, keepdims=True)", "m = 0 * z[:, :1]"),
+                                          "logits ~100"),
+        "the maximum of the whole batch, not of each row": (_CE.replace("z.max(axis=1, keepdims=True)", "z.max() + 0 * z[:, :1]"),
+                                                            "all-negative rows"),
+        "the row maximum clipped at 0": (_CE.replace("z.max(axis=1, keepdims=True)",
+                                                     "np.maximum(z.max(axis=1, keepdims=True), 0)"),
+                                         "all-negative rows"),
         "float64 result for float32 logits": _CE.replace(".astype(logits.dtype)", ".astype(np.float64)"),
         "sum over positions instead of mean": _CE.replace("np.mean(", "np.sum("),
         "max subtracted but not added back": _CE.replace("lse = m[:, 0] + ", "lse = "),
@@ -102,5 +108,10 @@ MUTANTS = {
         "strict > p (keeps one token too many at exactly p)": _TOPP.replace("before >= p", "before > p"),
         "p = 1 not special-cased and mass from unnormalised exp": _TOPP.replace(
             "probs[order] / probs.sum()", "probs[order]"),
+        "no max subtracted (exp of the raw logits)": (_TOPP.replace("np.exp(logits - logits.max())", "np.exp(logits)"),
+                                                      "logits ~1000"),
+        "the maximum clipped at 0": (_TOPP.replace("np.exp(logits - logits.max())",
+                                                   "np.exp(logits - max(logits.max(), 0.0))"),
+                                     "all-negative logits"),
     },
 }

@@ -31,7 +31,7 @@ MUTANTS = {
             return ids, lengths
         """,
     },
-    "T10.2": {
+    "T10.3": {
         "off by one (t > lengths)": """
             targets = np.array(targets, dtype=np.int64, copy=True)
             pad = np.arange(targets.shape[1])[None, :] > np.asarray(lengths)[:, None]
@@ -57,4 +57,52 @@ MUTANTS = {
             return targets
         """,
     },
+}
+
+_FWD = """
+ids, lengths = pad_batch(seqs, pad_id)
+with no_grad():
+    logits = model(ids).numpy()
+return [logits[b, :n] for b, n in enumerate(lengths)]
+"""
+_MASK = """
+pos = np.arange(T)
+visible = (pos[None, :] <= pos[:, None])[None] & (pos[None, None, :] >= (T - np.asarray(lengths))[:, None, None])
+s = np.where(visible, q @ k.swapaxes(1, 2) * (1 / math.sqrt(D)), -np.inf)
+m = np.where(visible.any(axis=-1, keepdims=True), s.max(axis=-1, keepdims=True), 0)
+p = np.where(visible, np.exp(s - m), 0)
+l = p.sum(axis=-1, keepdims=True)
+return (p / np.where(l > 0, l, 1)) @ v
+"""
+
+MUTANTS["T10.2"] = {
+    "a loop of per-sequence forwards": ("""
+        out = []
+        with no_grad():
+            for s in seqs:
+                out.append(model(np.asarray(s)[None, :]).numpy()[0])
+        return out
+    """, "model calls"),
+    "the last L_b rows (as if left-padded)": _FWD.replace("logits[b, :n]", "logits[b, logits.shape[1] - n:]"),
+    "the padded rows returned whole": _FWD.replace("logits[b, :n]", "logits[b]"),
+    "one row short (L_b - 1)": _FWD.replace("logits[b, :n]", "logits[b, :max(n - 1, 1)]"),
+}
+MUTANTS["T10.4"] = {
+    "causal mask only (pad keys visible)": (_MASK.replace(
+        " & (pos[None, None, :] >= (T - np.asarray(lengths))[:, None, None])", " & np.ones((len(lengths), 1, 1), bool)"),
+        "pads hold 5.0"),
+    "the right-padding mask (s < L_b) on a left-padded batch": _MASK.replace(
+        "(pos[None, None, :] >= (T - np.asarray(lengths))[:, None, None])", "(pos[None, None, :] < np.asarray(lengths)[:, None, None])"),
+    "a query with no visible key left as 0/0": (_MASK.replace(
+        "m = np.where(visible.any(axis=-1, keepdims=True), s.max(axis=-1, keepdims=True), 0)",
+        "m = s.max(axis=-1, keepdims=True)").replace("np.where(l > 0, l, 1)", "l"), "invalid value"),
+    "no row maximum subtracted": (_MASK.replace("np.exp(s - m)", "np.exp(s)"), "scores in the hundreds"),
+    "probabilities masked after the softmax, not renormalised": """
+        pos = np.arange(T)
+        visible = (pos[None, :] <= pos[:, None])[None] & (pos[None, None, :] >= (T - np.asarray(lengths))[:, None, None])
+        s = np.where(np.tril(np.ones((T, T), bool)), q @ k.swapaxes(1, 2) * (1 / math.sqrt(D)), -np.inf)
+        e = np.exp(s - s.max(axis=-1, keepdims=True))
+        p = e / e.sum(axis=-1, keepdims=True)
+        return np.where(visible, p, 0) @ v
+    """,
 }

@@ -143,9 +143,92 @@ GATES = [batched_left_padded, batched_off_by_one, batched_no_shift]
 
 # ----- the notebook's references and cases --------------------------------------------------
 
+# ----- T20.1 reinforce_grad (the bandit) ---------------------------------------------------
+
+def _softmax(theta):
+    z = np.exp(theta - theta.max())
+    return z / z.sum()
+
+
+def reinforce_onehot_only(theta, actions, rewards, baseline=0.0):
+    """grad log pi(a) taken as e_a: the - pi term of the softmax forgotten."""
+    return ((rewards - baseline)[:, None] * np.eye(theta.size)[actions]).mean(axis=0)
+
+
+def reinforce_sign_flipped(theta, actions, rewards, baseline=0.0):
+    """The gradient of -log pi: descends the reward."""
+    return -((rewards - baseline)[:, None] * (np.eye(theta.size)[actions] - _softmax(theta))).mean(axis=0)
+
+
+def reinforce_no_baseline(theta, actions, rewards, baseline=0.0):
+    """The baseline argument ignored."""
+    return (rewards[:, None] * (np.eye(theta.size)[actions] - _softmax(theta))).mean(axis=0)
+
+
+def reinforce_summed(theta, actions, rewards, baseline=0.0):
+    """Summed over the samples instead of averaged."""
+    return ((rewards - baseline)[:, None] * (np.eye(theta.size)[actions] - _softmax(theta))).sum(axis=0)
+
+
+def reinforce_grad_of_pi(theta, actions, rewards, baseline=0.0):
+    """grad pi(a) = pi(a) (e_a - pi) instead of grad log pi(a)."""
+    pi = _softmax(theta)
+    return ((rewards - baseline)[:, None] * pi[actions][:, None] * (np.eye(theta.size)[actions] - pi)).mean(axis=0)
+
+
+def reinforce_naive_softmax(theta, actions, rewards, baseline=0.0):
+    """exp(theta) without subtracting the maximum: overflows at logits ~1000."""
+    z = np.exp(theta)
+    return ((rewards - baseline)[:, None] * (np.eye(theta.size)[actions] - z / z.sum())).mean(axis=0)
+
+
+REINFORCE = [reinforce_onehot_only, reinforce_sign_flipped, reinforce_no_baseline, reinforce_summed,
+             reinforce_grad_of_pi]
+
+
+# ----- T20.5 kl_penalty ---------------------------------------------------------------------
+
+def _q_minus_p(logp, ref_logp):
+    return np.asarray(ref_logp, dtype=logp.dtype) - logp
+
+
+def kl_k1(logp, ref_logp, mask):
+    """k1 = p - q: unbiased too, but not the k3 the loss uses (and negative half the time)."""
+    return xl_masked_mean(-_q_minus_p(logp, ref_logp), mask)
+
+
+def kl_swapped(logp, ref_logp, mask):
+    """p and q swapped: exp(p - q) - (p - q) - 1."""
+    d = -_q_minus_p(logp, ref_logp)
+    return xl_masked_mean(ops.exp(d) - d - 1.0, mask)
+
+
+def kl_no_minus_one(logp, ref_logp, mask):
+    """The - 1 forgotten: the gradient is right, the value is 1 too large."""
+    d = _q_minus_p(logp, ref_logp)
+    return xl_masked_mean(ops.exp(d) - d, mask)
+
+
+def kl_detached(logp, ref_logp, mask):
+    """Computed from logp.data: the right value, but a constant, so no gradient reaches the policy."""
+    d = np.asarray(ref_logp, dtype=logp.dtype) - logp.data
+    return xl_masked_mean(Tensor(np.exp(d) - d - 1.0), mask) + 0.0 * ops.sum(logp)
+
+
+def kl_k2(logp, ref_logp, mask):
+    """k2 = (p - q)^2 / 2: another estimator, biased."""
+    d = _q_minus_p(logp, ref_logp)
+    return xl_masked_mean(d * d * 0.5, mask)
+
+
+KL = [kl_k1, kl_swapped, kl_no_minus_one, kl_detached, kl_k2]
+
+
 # tests/test_mutants.py's format: exercise id -> {what the mistake is: mutant}
 MUTANTS = {ex: {f.__name__.replace("_", " "): f for f in fns}
-           for ex, fns in (("T20.1", ADVANTAGES), ("T20.2", MEANS), ("T20.3", CLIPPED), ("T20.4", GATES))}
+           for ex, fns in (("T20.1", REINFORCE), ("T20.2", ADVANTAGES), ("T20.3", MEANS), ("T20.4", CLIPPED),
+                           ("T20.5", KL), ("T20.6", GATES))}
+MUTANTS["T20.1"]["reinforce naive softmax"] = (reinforce_naive_softmax, "logits ~1000")
 
 
 def rollout_list(vocab, seed, n=6):

@@ -55,7 +55,7 @@ from xtrain_lessons.runtime.cpu_threads import get_threads, grid, map_rows
 from xtrain_lessons.runtime.cpu_threads import matmul as _rows_matmul
 from xtrain_lessons.runtime.cpu_threads import sum_blocks
 from xtrain_lessons.runtime.device import array_module, on_gpu, scatter_add
-from xtrain_lessons.runtime.host import fused_rows
+from xtrain_lessons.runtime import fused
 
 __all__ = [
     "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sqrt", "sigmoid", "silu",
@@ -114,7 +114,7 @@ def _shape_arg(shape):
 
 def add(a, b) -> Tensor:
     a, b = _pair(a, b)
-    out = fused_rows.add(a.data, b.data)  # same-shaped float32: on the threads (a residual add)
+    out = fused.add(a.data, b.data)  # same-shaped: on the threads or one GPU launch (a residual add)
     if out is None:
         out = _elementwise("add", operator.add, a, b)
     return make_node(out, (a, b), lambda g: (g, g), "add", unbroadcast=True)
@@ -579,12 +579,15 @@ def log_softmax(x, axis=-1) -> Tensor:
     return make_node(y, (x,), backward, "log_softmax")
 
 
-def rmsnorm(x, weight=None, eps=1e-6) -> Tensor:
+def rmsnorm(x, weight=None, eps=1e-6, out_dtype=None) -> Tensor:
     """RMSNorm over the last axis, one node: y = x * r * w with r = 1/sqrt(mean(x^2) + eps).
 
     Backward, with xhat = x * r and gh = g * w:
         dw = sum over rows of g * xhat
         dx = r * (gh - xhat * mean(gh * xhat))
+    `out_dtype` (the GPU's bf16/fp16 forward): y and the saved xhat in that storage dtype from a
+    float32 x, by the device's fused kernel (float32 statistics inside). Low-precision storage
+    keeps r in float32.
     """
     x = as_tensor(x)
     xp = array_module(x.data)
@@ -595,14 +598,19 @@ def rmsnorm(x, weight=None, eps=1e-6) -> Tensor:
             raise ValueError(f"rmsnorm: weight shape {weight.shape} does not match the last "
                              f"dimension of x {x.shape}")
     xd = x.data
-    dt = xd.dtype.type
+    low = xd.dtype.itemsize < 4  # bf16 / fp16 storage: float32 statistics
+    dt = np.float32 if low else xd.dtype.type
     x2 = xd.reshape(-1, D)  # (N, D)
     N = x2.shape[0]
     inv_d, eps_ = dt(1.0 / D), dt(eps)
     w = weight.data if weight is not None else None
-    xhat, r = _empty(x2.shape, x2.dtype, x2), xp.empty((N, 1), dtype=xd.dtype)
-    out = _empty(x2.shape, x2.dtype, x2) if w is not None else xhat
-    fused = fused_rows.usable(x2, w)
+    y_dtype = np.dtype(out_dtype) if out_dtype is not None else x2.dtype
+    xhat, r = _empty(x2.shape, y_dtype, x2), xp.empty((N, 1), dtype=dt)
+    out = _empty(x2.shape, y_dtype, x2) if w is not None else xhat
+    use_kernels = fused.usable(x2, w, xhat)  # the device's own kernel (runtime/fused.py)
+    if (y_dtype != x2.dtype or low) and not use_kernels:
+        raise ValueError(f"rmsnorm: {x2.dtype} input with {y_dtype} output needs the device's fused kernel "
+                         f"(a GPU's; the CPU emulates low precision in model/precision.py)")
 
     def forward_rows(lo, hi):  # one cache-sized block of rows (xtrain_lessons.runtime.cpu_threads)
         xb = x2[lo:hi]
@@ -615,8 +623,8 @@ def rmsnorm(x, weight=None, eps=1e-6) -> Tensor:
         if w is not None:
             xp.multiply(xhat[lo:hi], w, out=out[lo:hi])
 
-    if fused:  # the same chain in one C++ pass per row, on the engine's threads (runtime/host)
-        fused_rows.rmsnorm_fwd(x2, w, xhat, out, r, eps_)
+    if use_kernels:  # the same chain in one pass per row: C++ on the engine's threads, or one GPU launch
+        fused.rmsnorm_fwd(x2, w, xhat, out, r, eps_)
     else:
         map_rows(forward_rows, N, D * xd.itemsize, like=xd)
 
@@ -625,7 +633,7 @@ def rmsnorm(x, weight=None, eps=1e-6) -> Tensor:
         want_w = weight is not None and weight.requires_grad
         gx = _empty(x2.shape, x2.dtype, x2) if x.requires_grad else None
 
-        if fused and fused_rows.usable(g2):
+        if use_kernels and fused.usable(g2):
             return _rmsnorm_backward_fused(g2, xhat, w, r, x, want_w, weight is not None)
 
         def backward_rows(lo, hi):
@@ -653,14 +661,12 @@ def rmsnorm(x, weight=None, eps=1e-6) -> Tensor:
 
 
 def _rmsnorm_backward_fused(g2, xhat, w, r, x, want_w, has_weight):
-    """rmsnorm's backward in runtime/host's C++: dw's partial sums per fixed grid block of
-    rows (as the NumPy path: the same bits for any thread count), added up in row order."""
-    N, D = xhat.shape
-    block_rows = len(range(*grid(0, N, D * xhat.itemsize)[0]))
-    parts = np.zeros((-(-N // block_rows), D), np.float32) if want_w else None
+    """rmsnorm's backward by the device's kernel (runtime/fused.py): dw summed over the rows in a
+    fixed order (the same bits for any thread count on the CPU)."""
+    xp = array_module(xhat)
+    gw = xp.empty(xhat.shape[1], dtype=np.float32) if want_w else None
     gx = _empty(xhat.shape, xhat.dtype, xhat) if x.requires_grad else None
-    fused_rows.rmsnorm_bwd(g2, xhat, w, r, gx, parts, block_rows)
-    gw = sum_blocks(list(parts)) if want_w else None
+    fused.rmsnorm_bwd(g2, xhat, w, r, gx, gw)
     gx = gx.reshape(x.shape) if gx is not None else None
     return (gx, gw) if has_weight else (gx,)
 
@@ -691,8 +697,8 @@ def embedding(weight, ids) -> Tensor:
         V, D = weight.shape
         flat, g2 = ids.reshape(-1), g.reshape(-1, D)
         gw = _empty((V, D), g.dtype, g)
-        if fused_rows.usable(g2, gw):  # C++: each thread its range of vocabulary rows
-            fused_rows.embedding_bwd(np.ascontiguousarray(flat, dtype=np.int64), g2, gw)
+        if fused.usable(g2, gw):  # C++: each thread its vocabulary rows; a GPU: one launch of atomic adds
+            fused.embedding_bwd(xp.ascontiguousarray(flat, dtype=np.int64), g2, gw)
             return (gw,)
 
         def vocab_rows(lo, hi):  # the rows of token ids lo..hi-1, one range per thread
@@ -735,10 +741,10 @@ def cross_entropy_targets(targets, lead_shape, V: int, ignore_index: int, xp):
 def softmax_rows(xb, eb, sb, lseb):
     """Rows of a cross-entropy forward: eb = exp(xb - max) (eb may be xb itself: in place),
     sb its row sums, lseb = log-sum-exp of xb."""
-    if fused_rows.usable(xb, eb, sb, lseb):  # max, exp, sum, log: one C++ pass per row
+    if fused.usable(xb, eb, sb, lseb):  # max, exp, sum, log: one pass per row (C++, or one GPU launch)
         if eb is not xb:
             eb[...] = xb
-        return fused_rows.softmax_exp_rows(eb, sb, lseb)
+        return fused.softmax_exp_rows(eb, sb, lseb)
     xp = array_module(xb)
     m = xb.max(axis=1, keepdims=True)  # (rows, 1), not differentiated
     xp.subtract(xb, m, out=eb)
@@ -783,7 +789,7 @@ def cross_entropy(logits, targets, ignore_index=-100) -> Tensor:
     e = _empty(x.shape, x.dtype, x)  # exp(x - max), kept for backward (unnormalized)
     s = xp.empty((N, 1), dtype=x.dtype)  # its row sums
     lse = xp.empty((N, 1), dtype=x.dtype)
-    if fused_rows.usable(x, e):  # one C++ pass per row, on the engine's threads
+    if fused.usable(x, e):  # one pass per row: C++ on the engine's threads, or one GPU launch
         softmax_rows(x, e, s, lse)
     else:
         map_rows(lambda lo, hi: softmax_rows(x[lo:hi], e[lo:hi], s[lo:hi], lse[lo:hi]), N, V * x.itemsize, like=x)

@@ -73,7 +73,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from xtrain_lessons.runtime.device import array_module, on_gpu
-from xtrain_lessons.runtime.host import fused_rows
+from xtrain_lessons.runtime import fused
 
 __all__ = [
     "Tensor", "tensor", "as_tensor", "make_node", "no_grad", "enable_grad",
@@ -171,7 +171,7 @@ class Tensor:
     """An array plus the recipe (parents, backward closure) that produced it."""
 
     __slots__ = ("data", "grad", "requires_grad", "_parents", "_backward", "_unbroadcast",
-                 "op", "_retain", "__weakref__")
+                 "op", "_retain", "grad_buffer", "__weakref__")  # grad_buffer: see _accumulate_into
     # make numpy defer to our reflected operators: `np_array * tensor` -> Tensor.__rmul__
     __array_ufunc__ = None
     __array_priority__ = 1000
@@ -292,10 +292,10 @@ class Tensor:
                 if prev is None:
                     grads[id(p)] = gp
                 elif id(p) in sums:
-                    if fused_rows.add(prev, gp, out=prev) is None:
+                    if fused.add(prev, gp, out=prev) is None:
                         prev += gp
                 else:
-                    total = fused_rows.add(prev, gp)  # large float32: on the threads
+                    total = fused.add(prev, gp)  # large float32: on the threads (a GPU: one launch)
                     grads[id(p)] = prev + gp if total is None else total
                     sums.add(id(p))
 
@@ -304,6 +304,11 @@ class Tensor:
 
 def _accumulate_into(t: Tensor, g):
     if t.grad is None:
+        buffer = getattr(t, "grad_buffer", None)  # where an optimizer wants it (FusedAdamW's flat buffer)
+        if buffer is not None and buffer.shape == g.shape and buffer.dtype == t.dtype:
+            buffer[...] = g
+            t.grad = buffer
+            return
         # own a fresh contiguous copy: `g` may be a read-only broadcast view or shared
         # with another tensor's gradient, and optimizers update .grad in place
         xp = array_module(g)

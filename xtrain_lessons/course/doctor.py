@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 from dataclasses import dataclass
 from importlib import metadata, util
 from pathlib import Path
@@ -172,9 +173,9 @@ def check_gpu() -> Finding:
         n = cupy.cuda.runtime.getDeviceCount()
         name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
         return Finding("GPU (CuPy)", OK, f"CuPy {cupy.__version__}, {n} device(s): {name}", False)
-    except Exception as exc:
-        return Finding("GPU (CuPy)", MISSING, f"CuPy {cupy.__version__} but no usable GPU ({exc})",
-                       False, "check the NVIDIA driver: nvidia-smi")
+    except Exception as exc:  # the driver's own words go in the fix, the detail stays one clean line
+        return Finding("GPU (CuPy)", MISSING, f"CuPy {cupy.__version__} but no usable GPU: the course runs on the CPU",
+                       False, f"check the NVIDIA driver: nvidia-smi (CuPy said: {exc})")
 
 
 def check_precisions() -> Finding:
@@ -194,8 +195,8 @@ def check_precisions() -> Finding:
             props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
             cc = (int(props["major"]), int(props["minor"]))
             how = {"float32": "native",
-                   "bf16": "bf16 values rounded by kernels/bf16.cu, kept in float32 (no memory saved)"
-                           + ("" if cc >= (8, 0) else "; no bf16 tensor cores before sm_80"),
+                   "bf16": "native bfloat16 arrays, cuBLAS with float32 accumulation, weights cast by kernels/bf16.cu"
+                           + (", tensor cores" if cc >= (8, 0) else "; no bf16 tensor cores before sm_80"),
                    "fp16": "native float16, loss scaling" + (", tensor cores" if cc >= (7, 0) else "")}
         ok = []
         for dtype in ("float32", "bf16", "fp16"):
@@ -227,6 +228,24 @@ def run_checks() -> list[Finding]:
                           ("Jupyter (JupyterLab)", "jupyterlab"), ("nbval (notebook tests)", "nbval")]:
         findings.append(check_module(label, module, False, DEV_FIX, import_it=False))
     return findings
+
+
+def summary(findings: list[Finding]) -> list[str]:
+    """A few lines for a notebook: the components that are OK on one line, one line per other
+    finding (without its fix: `xtrain doctor` in a terminal prints those), and the verdict."""
+    ok = [f.component for f in findings if f.status == OK]
+    lines = textwrap.wrap(f"{len(ok)} components: " + ", ".join(ok), width=96,
+                          initial_indent=f"  {OK:<8} ", subsequent_indent=" " * 11)
+    lines += [f"  {f.status:<8} {f.component}: {f.detail}" for f in findings if f.status != OK]
+    blocking = [f for f in findings if f.required and f.status != OK]
+    gpu = next((f for f in findings if f.component == "GPU (CuPy)"), None)
+    if blocking:
+        lines.append(f"CPU course: NOT ready — {', '.join(f.component for f in blocking)} must be fixed "
+                     "(run `xtrain doctor` for the fixes)")
+    else:
+        lines.append("CPU course: ready" + (" — GPU path: ready" if gpu is not None and gpu.status == OK else
+                                           " (no GPU: kernels run on the CPU emulator)"))
+    return lines
 
 
 def report(findings: list[Finding]) -> int:

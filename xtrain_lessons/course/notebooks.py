@@ -1,8 +1,10 @@
 """The notebook pipeline (the command line is `xtrain notebooks`, cli/notebooks.py):
 `learner_version` turns a solution notebook into its learner version (each marked solution
 region becomes a one-line stub; the stub of a CUDA C region still compiles), `build` writes the
-stale ones, `stale_notebooks` lists them, `execute` runs a notebook in place and saves its
-outputs. `solutions/TNN_<topic>.ipynb` is the one source of truth.
+stale ones (and the book's course map, generated from the phase table in phases.py),
+`stale_notebooks` lists them, `execute` runs a notebook in place and saves its outputs (and, for
+a solution notebook, records its run time in the phase table's run_times.json).
+`solutions/TNN_<topic>.ipynb` is the one source of truth.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import re
 import tempfile
 import time
 from pathlib import Path
+
+from xtrain_lessons.course import phases
 
 REPO = Path(__file__).resolve().parents[2]
 SOLUTIONS = REPO / "solutions"
@@ -131,9 +135,11 @@ def stale_notebooks() -> list[str]:
 
 
 def build(names: list[str] | None = None) -> list[Path]:
-    """Regenerate learner notebooks; keep existing outputs when the sources did not change."""
+    """Regenerate learner notebooks; keep existing outputs when the sources did not change.
+    The book's course map (book/course_map.md) is regenerated from the phase table too."""
     import nbformat
 
+    phases.write_course_map()
     written = []
     for sol in solution_paths(names):
         nb = learner_version(sol)
@@ -159,4 +165,7 @@ def execute(path: Path, timeout: int = 600) -> float:
     for cell in nb.cells:  # drop per-run timestamps so re-runs diff cleanly
         cell.metadata.pop("execution", None)
     _write_atomic(nb, path)
+    if path.resolve().parent == SOLUTIONS.resolve():  # the roadmap's minutes: measured, not typed
+        phases.record_run_time(path.stem, seconds)
+        phases.write_course_map()
     return seconds

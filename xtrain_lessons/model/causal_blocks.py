@@ -20,12 +20,21 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from xtrain_lessons.runtime.allocator import empty
 from xtrain_lessons.runtime.cpu_threads import map_rows
-from xtrain_lessons.runtime.device import array_module
+from xtrain_lessons.runtime import fused
+from xtrain_lessons.runtime.device import array_module, on_gpu
 from xtrain_lessons.runtime.host import fused_rows
 
 __all__ = ["query_blocks", "causal_forward", "causal_backward", "keys_t"]
+
+
+def _scale(dtype, D: int):
+    """1/sqrt(D) in the arithmetic's precision: float32 for bf16/fp16 storage (the kernels compute
+    in float32; a bf16 scale would be off by up to 0.4%)."""
+    return (np.float32 if np.dtype(dtype).itemsize < 4 else np.dtype(dtype).type)(1.0 / math.sqrt(D))
 
 
 def query_blocks(Tq: int, Tk: int, block: int | None = None) -> list[tuple[int, int, int]]:
@@ -48,12 +57,12 @@ def _heads(x5, lo, hi, a, b):
     return array_module(x5).ascontiguousarray(x5[lo:hi, a:b].transpose(0, 2, 3, 1, 4)).reshape(n, Hkv, G * (b - a), D)
 
 
-def _softmax(s, rows_q: int, scale, fused: bool) -> None:
+def _softmax(s, rows_q: int, scale, use_kernels: bool) -> None:
     """In place: the causal softmax of s * scale (0 where masked) for s (..., R, n_k), row r
     being query r % rows_q of a block whose last query sees all n_k keys."""
     n_k = s.shape[-1]
-    if fused:
-        fused_rows.causal_softmax_fwd(s, rows_q, scale)
+    if use_kernels:  # one pass per row: C++, or one GPU launch
+        fused.causal_softmax_fwd(s, rows_q, scale)
         return
     xp = array_module(s)
     future = xp.arange(n_k)[None, :] > (n_k - rows_q + xp.arange(rows_q))[:, None]
@@ -65,10 +74,10 @@ def _softmax(s, rows_q: int, scale, fused: bool) -> None:
     s3 /= s3.sum(axis=-1, keepdims=True)
 
 
-def _softmax_backward(p, ds, rows_q: int, scale, fused: bool) -> None:
+def _softmax_backward(p, ds, rows_q: int, scale, use_kernels: bool) -> None:
     """In place over ds = dP: dS = P * (dP - rowsum(dP * P)) * scale."""
-    if fused:
-        fused_rows.causal_softmax_bwd(p, ds, rows_q, scale)
+    if use_kernels:
+        fused.causal_softmax_bwd(p, ds, rows_q, scale)
         return
     ds -= (ds * p).sum(axis=-1, keepdims=True)
     ds *= p
@@ -82,14 +91,16 @@ def causal_forward(q, k, v, block: int | None = None, numpy_path: bool = False):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     G = H // Hkv
-    scale = q.dtype.type(1.0 / math.sqrt(D))
+    scale = _scale(q.dtype, D)
+    if on_gpu(q):  # a GPU wants one big launch per product: one block of all the queries
+        block = Tq
     blocks = query_blocks(Tq, Tk, block)
     probs = [empty((B, Hkv, G * (b - a), n_k), q.dtype, q) for a, b, n_k in blocks]
     out = empty((B, Tq, H, D), q.dtype, q)
     q5, out5 = q.reshape(B, Tq, Hkv, G, D), out.reshape(B, Tq, Hkv, G, D)
     vh = v.transpose(0, 2, 1, 3)  # (B, Hkv, Tk, D), a view
-    fused = fused_rows.usable(*probs) and not numpy_path
-    if fused and fused_rows.attention_usable(q, k, v, out):  # the same blocks in C++, no copies
+    use_kernels = fused.usable(*probs) and not numpy_path
+    if use_kernels and fused_rows.attention_usable(q, k, v, out):  # the same blocks in C++ (CPU), no copies
         fused_rows.attention_fwd(q, k, v, out, probs, blocks, scale)
         return out, blocks, probs
 
@@ -98,7 +109,7 @@ def causal_forward(q, k, v, block: int | None = None, numpy_path: bool = False):
         for (a, b, n_k), p in zip(blocks, probs):
             s = p[lo:hi]
             xp.matmul(_heads(q5, lo, hi, a, b), kt[..., :n_k], out=s)
-            _softmax(s, b - a, scale, fused)
+            _softmax(s, b - a, scale, use_kernels)
             y = xp.matmul(s, vh[lo:hi, :, :n_k])  # (n, Hkv, G*(b-a), D)
             out5[lo:hi, a:b] = y.reshape(hi - lo, Hkv, G, b - a, D).transpose(0, 3, 1, 2, 4)
 
@@ -112,12 +123,12 @@ def causal_backward(q, k, v, g, blocks, probs, numpy_path: bool = False):
     B, Tq, H, D = q.shape
     Hkv = k.shape[2]
     G = H // Hkv
-    scale = q.dtype.type(1.0 / math.sqrt(D))
+    scale = _scale(q.dtype, D)
     dq, dk, dv = empty(q.shape, g.dtype, g), empty(k.shape, g.dtype, g), empty(v.shape, g.dtype, g)
     q5, g5, dq5 = (x.reshape(B, Tq, Hkv, G, D) for x in (q, g, dq))
     kh = k.transpose(0, 2, 1, 3)  # (B, Hkv, Tk, D), a view
-    fused = fused_rows.usable(*probs) and g.dtype == probs[0].dtype and not numpy_path
-    if fused and fused_rows.attention_usable(q, k, v, g):
+    use_kernels = fused.usable(*probs) and g.dtype == probs[0].dtype and not numpy_path
+    if use_kernels and fused_rows.attention_usable(q, k, v, g):
         fused_rows.attention_bwd(q, k, v, g, probs, blocks, scale, dq, dk, dv)
         return dq, dk, dv
     order = sorted(range(len(blocks)), key=lambda i: -blocks[i][2])  # the block seeing all keys first
@@ -131,7 +142,7 @@ def causal_backward(q, k, v, g, blocks, probs, numpy_path: bool = False):
             gb, qb = _heads(g5, lo, hi, a, b), _heads(q5, lo, hi, a, b)
             dv_part = xp.matmul(p.swapaxes(-1, -2), gb)  # P^T dO: sums a group's query heads
             ds = xp.matmul(gb, vt[..., :n_k])  # dP, overwritten by dS
-            _softmax_backward(p, ds, b - a, scale, fused)
+            _softmax_backward(p, ds, b - a, scale, use_kernels)
             dk_part = xp.matmul(ds.swapaxes(-1, -2), qb)
             if dkh is None:
                 dkh, dvh = dk_part, dv_part

@@ -31,8 +31,8 @@ from xtrain_lessons.model import causal_blocks
 from xtrain_lessons.runtime import blas, cpu_threads
 from xtrain_lessons.runtime.allocator import empty  # np.empty, or the engine allocator's (T11)
 from xtrain_lessons.runtime.cpu_threads import map_rows
-from xtrain_lessons.runtime.host import fused_rows
-from xtrain_lessons.runtime.device import array_module
+from xtrain_lessons.runtime import fused
+from xtrain_lessons.runtime.device import array_module, on_gpu
 
 __all__ = ["linear", "linear_cross_entropy", "rope", "causal_attention", "square_attention", "swiglu",
            "rope_tables", "rotate_half", "attention_fwd"]
@@ -46,10 +46,11 @@ def _weight_t(w):
     """w.T (in, out) as the forward's right-hand matrix. MKL reads the transposed view as fast
     as a copy (175-194 GFLOP/s either way on the tiny model's products, one thread), so it gets
     the view; OpenBLAS multiplied by a C-contiguous copy faster (157-167 against 131-142), and
-    the copy costs less than that (0.01-0.5 ms a weight); a GPU takes the copy too."""
-    if isinstance(w, np.ndarray) and blas.mkl_loaded():
+    the copy costs less than that (0.01-0.5 ms a weight). cuBLAS reads the view as it is (a
+    transpose flag): a GPU gets the view, no copy."""
+    if on_gpu(w) or (isinstance(w, np.ndarray) and blas.mkl_loaded()):
         return w.T
-    return array_module(w).ascontiguousarray(w.T)
+    return np.ascontiguousarray(w.T)
 
 
 def linear(x: Tensor, w: Tensor) -> Tensor:
@@ -88,6 +89,8 @@ def linear_cross_entropy(x: Tensor, w: Tensor, targets, ignore_index: int = -100
     n_in, V = x.shape[-1], w.shape[0]
     if w.shape[1] != n_in:
         raise ValueError(f"linear_cross_entropy: input has {n_in} features but weight is {w.shape} (out, in)")
+    if fused.on_device(x.data, w.data):
+        return _linear_cross_entropy_gpu(x, w, targets, ignore_index)
     xp = array_module(x.data)
     x2 = x.data.reshape(-1, n_in)  # (N, in)
     N = x2.shape[0]
@@ -95,7 +98,7 @@ def linear_cross_entropy(x: Tensor, w: Tensor, targets, ignore_index: int = -100
     buf = empty((N, V), xp.result_type(x2, w.data), x2)  # logits, then exp, then the gradient
     s, lse, hit = (xp.empty((N, 1), dtype=buf.dtype) for _ in range(3))
     rows = xp.arange(N)
-    fused = fused_rows.usable(buf, s, lse)
+    use_kernels = fused.usable(buf, s, lse)
 
     wt = _weight_t(w.data)  # (in, V)
 
@@ -105,7 +108,7 @@ def linear_cross_entropy(x: Tensor, w: Tensor, targets, ignore_index: int = -100
         for a, b in cpu_threads.grid(lo, hi, V * buf.itemsize):  # cache-sized blocks of rows
             ops.softmax_rows(buf[a:b], buf[a:b], s[a:b], lse[a:b])
 
-    if fused:  # C++: the chunks' products on the pool, then one pass per row over all of them
+    if use_kernels:  # C++: the chunks' products on the pool, then one pass per row over all of them
         cpu_threads.matmul(x2, wt, out=buf)
         hit[:, 0] = buf[rows, t_safe]  # the target's logit
         ops.softmax_rows(buf, buf, s, lse)
@@ -120,8 +123,8 @@ def linear_cross_entropy(x: Tensor, w: Tensor, targets, ignore_index: int = -100
             raise RuntimeError("linear_cross_entropy: backward ran twice (its buffer is reused in place)")
         b = held.pop("buf")
         f, scale = ops.softmax_grad_factors(g, s, valid, n_valid)
-        if fused_rows.usable(b, f):
-            fused_rows.scale_rows(b, f)
+        if fused.usable(b, f):
+            fused.scale_rows(b, f)
         else:
             map_rows(lambda lo, hi: xp.multiply(b[lo:hi], f[lo:hi], out=b[lo:hi]), N, V * b.itemsize, like=b)
         b[rows, t_safe] -= scale
@@ -133,6 +136,55 @@ def linear_cross_entropy(x: Tensor, w: Tensor, targets, ignore_index: int = -100
         elif w.requires_grad:
             gw = cpu_threads.matmul(b.T, x2)
         return (gx.reshape(x.shape) if gx is not None else None), gw
+
+    return make_node(loss, (x, w), backward, "linear_cross_entropy")
+
+
+def _host_targets(targets, lead_shape, V: int, ignore_index: int):
+    """(targets as int64 (N,) on the host, number of valid ones), checked on the host: free when
+    they come from the host, as a training batch does (device targets cost one synchronisation)."""
+    t = targets.data if isinstance(targets, Tensor) else targets
+    t = t.get() if on_gpu(t) else np.asarray(t)
+    if t.shape != tuple(lead_shape):
+        raise ValueError(f"cross_entropy: logits shape {(*lead_shape, V)} and targets shape {t.shape} do not "
+                         f"match (expected targets {tuple(lead_shape)})")
+    if t.dtype.kind not in "iu":
+        raise TypeError(f"cross_entropy: targets must be integers, got {t.dtype}")
+    t = t.reshape(-1).astype(np.int64, copy=False)
+    valid = t != ignore_index
+    if valid.any() and (t[valid].min() < 0 or t[valid].max() >= V):
+        raise ValueError(f"cross_entropy: targets must lie in [0, {V}) or equal ignore_index={ignore_index}")
+    return t, int(valid.sum())
+
+
+def _linear_cross_entropy_gpu(x: Tensor, w: Tensor, targets, ignore_index: int) -> Tensor:
+    """linear_cross_entropy on a GPU, llm.c's fused classifier: the logits by cuBLAS into one (N, V)
+    buffer, then one kernel per row turns them into exp(logits - max) in place with the row's loss,
+    and in the backward one more turns that into d loss / d logits in place, reading the upstream
+    gradient on the device (no host synchronisation). Then dx and dW by cuBLAS."""
+    xp = array_module(x.data)
+    n_in, V = x.shape[-1], w.shape[0]
+    x2 = x.data.reshape(-1, n_in)
+    N = x2.shape[0]
+    t_host, n_valid = _host_targets(targets, x.shape[:-1], V, ignore_index)
+    t = xp.asarray(t_host)  # one copy to the device
+    inv_count = np.float32(1.0 / n_valid) if n_valid else np.float32(np.nan)  # no valid target: nan, as torch
+    buf = x2 @ w.data.T  # (N, V) logits, then exp, then the gradient
+    s, lse, losses = (xp.empty(N, dtype=np.float32) for _ in range(3))
+    fused.cross_entropy_fwd(buf, t, s, lse, losses, ignore_index)
+    loss = xp.empty((), dtype=np.float32)
+    fused.mean_loss(losses, inv_count, loss)
+    held = {"buf": buf}
+    del buf
+
+    def backward(g):
+        if "buf" not in held:
+            raise RuntimeError("linear_cross_entropy: backward ran twice (its buffer is reused in place)")
+        b = held.pop("buf")
+        fused.cross_entropy_bwd(b, s, t, g.astype(np.float32, copy=False), inv_count, ignore_index)
+        gx = (b @ w.data).reshape(x.shape) if x.requires_grad else None
+        gw = b.T @ x2 if w.requires_grad else None
+        return gx, gw
 
     return make_node(loss, (x, w), backward, "linear_cross_entropy")
 
@@ -211,14 +263,14 @@ def rope(x: Tensor, cos, sin) -> Tensor:
     B, T, H, D = x.shape
     if cos.shape != (T, D):
         raise ValueError(f"rope: tables have shape {cos.shape}, expected {(T, D)}")
-    fused = fused_rows.usable(x.data, cos, sin)  # one C++ pass per head vector (runtime/host)
+    use_kernels = fused.usable(x.data, cos, sin)  # one pass per head vector (C++, or one GPU launch)
 
     def rotate(a, sign):  # sign -1: the inverse rotation [a1 c + a2 s, a2 c - a1 s]
-        if not (fused and fused_rows.usable(a)):
+        if not (use_kernels and fused.usable(a)):
             cos_t, sin_t = _rope_rows(cos, sin, H)
             return _rotate(a, cos_t, sign * sin_t)
         out = empty(a.shape, a.dtype, a)
-        fused_rows.rope(a, cos, sin, out, sign)
+        fused.rope(a, cos, sin, out, sign)
         return out
 
     return make_node(rotate(x.data, 1.0), (x,), lambda g: (rotate(g, -1.0),), "rope")
@@ -276,13 +328,13 @@ def attention_fwd(q, k, v):
     p = empty((B, Hkv, G * Tq, Tk), q.dtype, q)
     out = empty((B, Tq, H, D), q.dtype, q)
 
-    fused = fused_rows.usable(p)
+    use_kernels = fused.usable(p)
 
     def batch_rows(lo, hi):  # sequences lo..hi-1: scores, softmax, weighted sum
         s = p[lo:hi]
         xp.matmul(qh[lo:hi], causal_blocks.keys_t(k[lo:hi]), out=s)  # (b, Hkv, G*Tq, Tk)
-        if fused:  # scale, mask, max, exp, normalise: one C++ pass per row (runtime/host)
-            fused_rows.causal_softmax_fwd(s, Tq, scale)
+        if use_kernels:  # scale, mask, max, exp, normalise: one pass per row (C++, or one GPU launch)
+            fused.causal_softmax_fwd(s, Tq, scale)
         else:
             s *= scale
             s.reshape(hi - lo, Hkv, G, Tq, Tk)[...] += bias  # view: mask per (query, key)
@@ -357,7 +409,7 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     F = gate.shape[-1] if gate.ndim else 1
     a2, u2 = gate.data.reshape(-1, F), up.data.reshape(-1, F)
     out = empty(a2.shape, xp.result_type(a2, u2), a2)
-    fused = fused_rows.usable(a2, u2)  # one C++ pass (runtime/host) instead of NumPy's five
+    use_kernels = fused.usable(a2, u2)  # one pass (C++, or one GPU launch) instead of NumPy's five
 
     def forward_rows(lo, hi):
         a = a2[lo:hi]
@@ -365,8 +417,8 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
         silu *= a
         xp.multiply(silu, u2[lo:hi], out=out[lo:hi])
 
-    if fused:
-        fused_rows.swiglu_fwd(a2, u2, out)
+    if use_kernels:
+        fused.swiglu_fwd(a2, u2, out)
     else:
         map_rows(forward_rows, a2.shape[0], F * out.itemsize, like=out)
 
@@ -374,7 +426,7 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
         g2 = g.reshape(-1, F)
         dgate, dup = empty(out.shape, out.dtype, out), empty(out.shape, out.dtype, out)
 
-        fused_back = fused and fused_rows.usable(g2)
+        fused_back = use_kernels and fused.usable(g2)
 
         def backward_rows(lo, hi):
             a, gb = a2[lo:hi], g2[lo:hi]
@@ -393,7 +445,7 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
             return None
 
         if fused_back:
-            fused_rows.swiglu_bwd(a2, u2, g2, dgate, dup)
+            fused.swiglu_bwd(a2, u2, g2, dgate, dup)
         else:
             map_rows(backward_rows, a2.shape[0], F * out.itemsize, like=out)
         return dgate.reshape(gate.shape), dup.reshape(up.shape)

@@ -28,13 +28,15 @@ fp16 ("fp16", `forward_lowp(model, ids, "fp16")`): the same ops and policy with 
 float16 storage (10 mantissa bits, range 6e-8 .. 65504): an activation above 65504 becomes
 inf, a gradient below 2^-25 becomes 0, hence loss scaling (training/grad_scaler.py).
 
-On CuPy (a GPU, or the tests' stand-in): fp16 is CuPy's native float16. CuPy has no bfloat16
-dtype, so a bf16 value is rounded by the project's kernel (kernels/bf16.cu, round to nearest
-even, bit-identical to ml_dtypes) and kept in a float32 array: the same values as the CPU
-path, but 4 bytes each — none of the activation memory bf16 saves on the CPU path (storing
-the uint16 bit patterns would save it, at the price of a conversion in every op and a
-gradient dtype the engine does not know). The gradient arriving at a bf16 output is rounded
-to bf16 by the op (the CPU engine does it by casting to the output's dtype).
+On a GPU (CuPy, or the tests' stand-in) the arrays are real bfloat16 (`ml_dtypes.bfloat16`,
+CuPy 14) or float16, and the ops are the float32 model's own (`forward_lowp` passes them): the
+fused kernels of runtime/fused.py read and write the low-precision storage with float32
+arithmetic inside, and cuBLAS multiplies low-precision operands with float32 accumulation,
+rounding the product once (tensor cores). Two roundings differ from the CPU's emulation, as
+they do under torch.autocast: the attention scores come out of cuBLAS in bf16 (the softmax then
+runs in float32 in its kernel), and a weight's gradient is a bf16 product widened to the float32
+master. The activation memory is saved as on the CPU. Weight copies are cast by
+kernels/bf16.cu (round to nearest even, bit-identical to ml_dtypes) or CuPy's float16 cast.
 
     from xtrain_lessons.model import precision
     model.compute_dtype = "bf16"      # Model.__call__ / Model.loss now run forward_bf16
@@ -109,8 +111,8 @@ def _need_numpy(a):
 def to_bf16(a) -> np.ndarray:
     """float array -> ml_dtypes.bfloat16 array, round to nearest even (no copy if already bf16)."""
     _need_numpy(a)
-    if on_gpu(a):  # CuPy has no bfloat16: the bf16 value, kept in a float32 (module doc)
-        return _round(a.astype(np.float32, copy=False), BF16)
+    if on_gpu(a):  # a real bfloat16 device array (CuPy 14), rounded by kernels/bf16.cu
+        return a if a.dtype == BF16 else _round(a.astype(np.float32, copy=False), BF16)
     if not hasattr(a, "dtype"):  # lists, Python numbers
         a = np.asarray(a, dtype=np.float32)
     if a.dtype == BF16:
@@ -121,7 +123,11 @@ def to_bf16(a) -> np.ndarray:
 
 def to_f32(a) -> np.ndarray:
     """Exact widening to float32 (no copy if already float32)."""
-    return a if a.dtype == np.float32 else a.astype(np.float32)
+    if a.dtype == np.float32:
+        return a
+    if on_gpu(a) and a.dtype == BF16:  # the project's kernel: exact
+        return bf16_to_f32(a)
+    return a.astype(np.float32)
 
 
 def bf16_bits(a) -> np.ndarray:
@@ -133,18 +139,15 @@ def _round(a, low=None):
     """Round a float32 result to the low-precision storage dtype (bf16 unless `low`).
     fp16 overflows above 65504 to inf: that is what a GPU does, and what loss scaling detects."""
     low = low or BF16
-    if on_gpu(a) and low == BF16:  # through the project's kernel (kernels/bf16.cu), kept as float32
-        return bf16_to_f32(f32_to_bf16(a))
+    if on_gpu(a) and low == BF16:  # through the project's kernel (kernels/bf16.cu): a bf16 array
+        return f32_to_bf16(a).view(BF16)
     with np.errstate(over="ignore", invalid="ignore"):
         return a.astype(low)
 
 
 def _grad_in(g, low):
-    """The gradient arriving at a low-precision output. On the CPU the engine has already cast
-    it to the output's dtype; on CuPy a bf16 output is a float32 array, so round it here, to
-    the value the CPU path sees."""
-    if on_gpu(g) and (low is None or low == BF16):
-        return _round(g.astype(np.float32, copy=False), BF16)
+    """The gradient arriving at a low-precision output: the engine has already cast it to the
+    output's dtype (on either device)."""
     return g
 
 
@@ -361,17 +364,34 @@ def forward_lowp(model, ids, dtype: str = "bf16") -> Tensor:
     the same Philox sites), run with this module's layer functions and low-precision copies
     of the weights, cast once per call. The residual stream stays float32.
     """
-    from functools import partial  # noqa: PLC0415
-    from types import SimpleNamespace  # noqa: PLC0415
-
     if model.config.attention != "composed":
         raise ValueError(f"{dtype} compute supports attention='composed' only (not the flash path)")
     if dtype == "bf16":
         _need_numpy(model.params["lm_head.weight"].data)
     low = LOW_DTYPES[dtype]
-    layers = SimpleNamespace(**{f.__name__: partial(f, low=low) for f in (rmsnorm, linear, rope, swiglu, dropout)},
-                             attention=partial(causal_attention, low=low))
-    return model._forward(ids, layers=layers, params=cast_params(model.params, low=low))
+    return model._forward(ids, layers=_layers_for(model, low), params=cast_params(model.params, low=low))
+
+
+def _on_gpu(model) -> bool:
+    return on_gpu(model.params["lm_head.weight"].data)
+
+
+def _layers_for(model, low):
+    """The layer functions of the low-precision forward: on the CPU this module's emulation; on
+    a GPU the float32 model's own ops, which run on low-precision arrays (module doc), with the
+    norms writing `low` from the float32 residual stream."""
+    from functools import partial  # noqa: PLC0415
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from xtrain_lessons.autograd import ops  # noqa: PLC0415
+    from xtrain_lessons.model import layers  # noqa: PLC0415
+
+    if _on_gpu(model):
+        return SimpleNamespace(rmsnorm=partial(ops.rmsnorm, out_dtype=low), linear=layers.linear, rope=layers.rope,
+                               attention=layers.causal_attention, swiglu=layers.swiglu,
+                               dropout=partial(dropout, low=low))
+    return SimpleNamespace(**{f.__name__: partial(f, low=low) for f in (rmsnorm, linear, rope, swiglu, dropout)},
+                           attention=partial(causal_attention, low=low))
 
 
 def forward_bf16(model, ids) -> Tensor:
@@ -380,9 +400,19 @@ def forward_bf16(model, ids) -> Tensor:
 
 
 def loss_lowp(model, ids, targets, ignore_index: int = -100, dtype: str = "bf16") -> Tensor:
-    """Mean next-token cross-entropy (float32 scalar) of the low-precision forward."""
-    return cross_entropy(forward_lowp(model, ids, dtype), targets, ignore_index=ignore_index,
-                         low=LOW_DTYPES[dtype])
+    """Mean next-token cross-entropy (float32 scalar) of the low-precision forward. On a GPU the
+    lm_head and the loss are the fused classifier (layers.linear_cross_entropy) on the
+    low-precision final hidden state and weight copy: the (N, V) logits are never kept twice."""
+    low = LOW_DTYPES[dtype]
+    if not _on_gpu(model):
+        return cross_entropy(forward_lowp(model, ids, dtype), targets, ignore_index=ignore_index, low=low)
+    from xtrain_lessons.model.layers import linear_cross_entropy  # noqa: PLC0415
+
+    if model.config.attention != "composed":
+        raise ValueError(f"{dtype} compute supports attention='composed' only (not the flash path)")
+    params = cast_params(model.params, low=low)
+    h = model._forward(ids, layers=_layers_for(model, low), params=params, head=False)
+    return linear_cross_entropy(h, params["lm_head.weight"], targets, ignore_index)
 
 
 def loss_bf16(model, ids, targets, ignore_index: int = -100) -> Tensor:

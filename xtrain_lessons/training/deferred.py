@@ -25,24 +25,32 @@ class TrainingDiverged(RuntimeError):
         self.records, self.step = list(records), step
 
 
+def _is_number(v) -> bool:
+    return v is None or isinstance(v, (int, float))
+
+
 def read_steps(pending):
-    """Read the losses and gradient norms of the pending steps in ONE host synchronisation.
+    """Read the losses, gradient norms and device-valued extras of the pending steps in ONE host
+    synchronisation.
 
     Returns (good, bad): the steps up to the first non-finite one, with Python floats, and
     that step (None if every value is finite). A gradient norm of None is a step that fp16
-    loss scaling skipped (T12): not a divergence, its norm stays None."""
+    loss scaling skipped (T12): not a divergence, its norm stays None. On a GPU that is known
+    only on the device: an extra "_skipped" (1.0 for a skipped step) says it, and is dropped."""
     if not pending:
         return [], None
-    values = [0.0 if v is None else v for p in pending for v in p[2:4]]
-    if any(not isinstance(v, (int, float)) for v in values):
-        xp = next(array_module(v) for v in values if not isinstance(v, (int, float)))
-        values = to_host(xp.stack([xp.asarray(v, dtype=np.float64) for v in values])).tolist()
+    device = [v for p in pending for v in (*p[2:4], *p[6].values()) if not _is_number(v)]
+    if device:
+        xp = array_module(device[0])
+        got = iter(to_host(xp.stack([xp.asarray(v, dtype=np.float64).reshape(()) for v in device])).tolist())
     good = []
-    for i, p in enumerate(pending):
-        loss, norm = values[2 * i], values[2 * i + 1]
-        row = (p[0], p[1], loss, None if p[3] is None else norm, *p[4:])
-        norm = 0.0 if p[3] is None else norm
-        if not (math.isfinite(loss) and math.isfinite(norm)):
+    for p in pending:
+        loss, norm = (v if _is_number(v) else next(got) for v in p[2:4])
+        extra = {k: (v if _is_number(v) else next(got)) for k, v in p[6].items()}
+        skipped = p[3] is None or bool(extra.pop("_skipped", 0.0))
+        row = (p[0], p[1], loss, None if skipped else norm, p[4], p[5],
+               {k: (int(v) if k == "skipped_steps" else v) for k, v in extra.items()})
+        if not (math.isfinite(loss) and (skipped or math.isfinite(norm))):
             return good, row
         good.append(row)
     return good, None

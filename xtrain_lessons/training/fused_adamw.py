@@ -8,7 +8,13 @@
 whose step is ONE launch of `adamw_step` over flat buffers: at construction the parameters
 are copied into one flat float32 buffer and each parameter's `.data` becomes a view of it
 (create the optimizer after `model.to(device)`; `Model.load_state_dict` writes in place and
-keeps working). Each step copies the gradients into a flat buffer and launches the kernel.
+keeps working). The gradients have a flat buffer too: each parameter's `grad_buffer` is its view,
+where the autograd writes the parameter's gradient (tensor._accumulate_into), so nothing is
+gathered at the step. `clip_grad_norm(max_norm)` computes the global norm and the clip factor on
+the device over that buffer (kernels/grad_norm.cu, two launches, no host synchronisation); the
+next `step` multiplies the gradients by the factor inside its one launch
+(`adamw_step_scaled`) and skips the update on the device when the norm was not finite or
+`where` is False.
 It is meant for the GPU (CuPy arrays); with NumPy arrays the kernel runs on the CPU emulator —
 correct but slow, for tests and the T07 notebook only. The CPU engine keeps `optim.AdamW`.
 
@@ -22,7 +28,8 @@ from __future__ import annotations
 import numpy as np
 
 from xtrain_lessons.runtime.device import array_module
-from xtrain_lessons.runtime.kernels.adamw import adamw_flat
+from xtrain_lessons.runtime.kernels.adamw import adamw_flat, adamw_flat_scaled
+from xtrain_lessons.runtime.kernels.grad_norm import NORM_GRID, global_norm_and_clip
 from xtrain_lessons.training.optim import AdamW
 
 __all__ = ["FusedAdamW"]
@@ -65,9 +72,12 @@ class FusedAdamW(AdamW):
             view = self.flat_param[off:off + size].reshape(shape)
             view[...] = p.data
             p.data = view  # the parameter now lives in the flat buffer
+            p.grad_buffer = self.flat_grad[off:off + size].reshape(shape)  # and its gradient will too
             self._segments.append((n, p, off, size, shape))
             off += size
         self._step = 0
+        self._factors = self.last_factors = None  # [norm, gradient factor, skip] on the device (clip_grad_norm)
+        self._partials = xp.empty(NORM_GRID, dtype=np.float64)
         self._bind_state()
 
     def _bind_state(self):
@@ -86,25 +96,49 @@ class FusedAdamW(AdamW):
         False, on the device: no host synchronisation). The step count advances either way."""
         if lr is not None:
             self.set_lr(lr)
-        if where is not None:
-            xp = array_module(self.flat_param)
-            saved = [b.copy() for b in (self.flat_param, self.flat_exp_avg, self.flat_exp_avg_sq)]
-            self.step()
-            skip = xp.logical_not(where)
-            for b, old in zip((self.flat_param, self.flat_exp_avg, self.flat_exp_avg_sq), saved):
-                xp.copyto(b, old, where=skip)
-            return
+        self._gather()
+        factors, self._factors = self._factors, None
+        if where is not None:  # skip when `where` is False: factors[2] = max(factors[2], not where)
+            factors = self._factors_of(factors)
+            skip = array_module(factors).logical_not(where).astype(np.float32)
+            factors[2:3] = array_module(factors).maximum(factors[2:3], skip)
+        self._step += 1
+        g = self.groups[0]
+        args = (self._step, g["lr"], g["betas"], g["eps"], self._wd, self.n_decay)
+        if factors is None:  # the plain kernel (T07's exercise can be passed as `kernel`)
+            adamw_flat(self.flat_param, self.flat_grad, self.flat_exp_avg, self.flat_exp_avg_sq, *args,
+                       kernel=self._kernel)
+        else:
+            adamw_flat_scaled(self.flat_param, self.flat_grad, self.flat_exp_avg, self.flat_exp_avg_sq, factors, *args)
+        for st in self.state.values():
+            st["step"] = self._step
+
+    def clip_grad_norm(self, max_norm: float, eps: float = 1e-6, scale_state=None):
+        """The gradients' global L2 norm (a float32 device scalar: inf/nan when one is not
+        finite) and, for the next step, the factor min(1, max_norm / (norm + eps)) (torch's
+        clip_grad_norm_ rule; max_norm <= 0: no clipping). `scale_state`: the fp16 GradScaler's
+        device state: the gradients are divided by its scale inside the same factor, the norm is
+        that of the unscaled gradients, and a non-finite one skips the step. Returns the norm;
+        `last_factors` holds [norm, factor, found_inf] on the device. No host synchronisation."""
+        self._gather()
+        xp = array_module(self.flat_grad)
+        self._factors = self.last_factors = xp.empty(3, dtype=np.float32)
+        global_norm_and_clip(self.flat_grad, self._partials, self._factors, max_norm, eps, scale_state=scale_state)
+        return self._factors[0]
+
+    def _factors_of(self, factors):
+        """`factors`, or [0, 1, 0] (no norm, factor 1, no skip) on the device when none were set."""
+        if factors is not None:
+            return factors
+        return array_module(self.flat_grad).asarray(np.array([0.0, 1.0, 0.0], np.float32))
+
+    def _gather(self) -> None:
+        """Every gradient into the flat buffer, unless it is already there (its grad_buffer)."""
         for n, p, off, size, _ in self._segments:
             if p.grad is None:
                 raise ValueError(f"FusedAdamW.step: {n} has no gradient (every parameter needs one)")
-            self.flat_grad[off:off + size] = p.grad.reshape(-1)
-        self._step += 1
-        g = self.groups[0]
-        adamw_flat(self.flat_param, self.flat_grad, self.flat_exp_avg, self.flat_exp_avg_sq,
-                   self._step, g["lr"], g["betas"], g["eps"], self._wd, self.n_decay,
-                   kernel=self._kernel)
-        for st in self.state.values():
-            st["step"] = self._step
+            if p.grad is not p.grad_buffer:
+                self.flat_grad[off:off + size] = p.grad.reshape(-1)
 
     def load_state_dict(self, sd: dict) -> None:
         """Restore moments and step (they must be equal for all parameters) into the flat buffers."""

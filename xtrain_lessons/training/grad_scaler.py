@@ -17,16 +17,22 @@ A step whose scaled gradients overflowed (any inf/NaN) is skipped, not fatal: th
 too large, it is halved, and the next step tries again. The scale is a float32 value, the
 reciprocal taken in float64 and rounded to float32, exactly as torch does; so on the same
 gradient sequence the unscaled gradients, the skips and the scales are bit-identical
-(tests/test_grad_scaler.py). Unlike torch, the inf check is read on the host: one host
-synchronisation per optimizer step.
+(tests/test_grad_scaler.py). On the CPU the inf check is read on the host (one synchronisation
+per optimizer step, free there). On a GPU, `to_device(xp)` keeps the scale, the growth count and
+the skipped steps in a device array (`state`), as torch keeps its scale tensor: the optimizer's
+norm kernel finds the inf and folds 1/scale into the gradient factor (training/fused_adamw.py),
+its step is skipped on the device, and `update_from(found)` runs the rule in one launch
+(kernels/grad_scaler.cu): no host synchronisation in the step.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from xtrain_lessons.autograd.tensor import Tensor
 from xtrain_lessons.parallel.ddp import agree_any
 from xtrain_lessons.runtime.device import array_module
+from xtrain_lessons.runtime.kernels.grad_scaler import update_scale
 
 __all__ = ["GradScaler"]
 
@@ -48,13 +54,30 @@ class GradScaler:
         self._growth_tracker = 0
         self.found_inf: bool | None = None  # set by unscale_, cleared by update
         self.skipped_steps = 0
+        self.state = None  # on the device (to_device): [scale, growth tracker, skipped steps]
+
+    def to_device(self, xp) -> "GradScaler":
+        """Keep the scaler's numbers on the device from now on (see the module doc)."""
+        self.state = xp.asarray(np.array([self._scale, self._growth_tracker, self.skipped_steps], np.float32))
+        return self
 
     def get_scale(self) -> float:
-        return float(self._scale) if self.enabled else 1.0
+        """The current scale (on the device: read there, a synchronisation: for logging)."""
+        if not self.enabled:
+            return 1.0
+        return float(self.state[0]) if self.state is not None else float(self._scale)
 
     def scale(self, loss):
         """The loss multiplied by the current scale (a Tensor stays a Tensor)."""
-        return loss * self._scale if self.enabled else loss
+        if not self.enabled:
+            return loss
+        return loss * (Tensor(self.state[0]) if self.state is not None else self._scale)
+
+    def update_from(self, factors) -> None:
+        """The update on the device: `factors` is the optimizer's [norm, factor, found_inf]
+        (training/fused_adamw.py's clip_grad_norm), read there by one launch."""
+        update_scale(self.state, factors, self.growth_factor, self.backoff_factor, self.growth_interval,
+                     self.dynamic)
 
     def unscale_(self, params, dist=None) -> bool:
         """Divide every gradient by the scale in place (float32 multiply by 1/S) and return
@@ -118,6 +141,9 @@ class GradScaler:
         self.found_inf = None
 
     def state_dict(self) -> dict:
+        if self.state is not None:  # read from the device (a checkpoint is a synchronisation anyway)
+            scale, tracker, skipped = (float(v) for v in self.state.get())
+            self._scale, self._growth_tracker, self.skipped_steps = np.float32(scale), int(tracker), int(skipped)
         return {"scale": float(self._scale), "growth_factor": self.growth_factor,
                 "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
                 "_growth_tracker": self._growth_tracker, "skipped_steps": self.skipped_steps}
@@ -127,3 +153,5 @@ class GradScaler:
         self.growth_factor, self.backoff_factor = float(sd["growth_factor"]), float(sd["backoff_factor"])
         self.growth_interval, self._growth_tracker = int(sd["growth_interval"]), int(sd["_growth_tracker"])
         self.skipped_steps = int(sd.get("skipped_steps", 0))
+        if self.state is not None:
+            self.to_device(array_module(self.state))

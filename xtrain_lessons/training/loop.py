@@ -379,6 +379,8 @@ class Trainer:
         self.scaler = None  # T12: fp16 loss scaling, dynamic unless a fixed --loss-scale is given
         if cfg.dtype == "fp16":
             self.scaler = GradScaler(cfg.loss_scale, dynamic=False) if cfg.loss_scale else GradScaler()
+            if isinstance(self.opt, FusedAdamW):  # the GPU: the scaler's state on the device (no sync)
+                self.scaler.to_device(array_module(self.opt.flat_param))
         self.rng = np.random.default_rng([cfg.seed, 1])  # the data stream
         self.metrics_path, self.samples_path = self.dir.metrics, self.dir.samples
         if self.rank:  # T17: the other ranks keep their metrics aside
@@ -542,6 +544,9 @@ class Trainer:
         self.model.dropout_step = step  # T18: masks keyed by step, so resume redraws them
         loss_val = self._forward_backward(x, y, lr)
         extra, skip, gnorm = {}, False, None
+        if self.deferred and isinstance(self.opt, FusedAdamW):  # the GPU: all of it on the device
+            self._device_update(lr, loss_val, extra)
+            return self._finish_step(t0, lr, loss_val, self.opt.last_factors[0], extra)
         if self.scaler is not None:  # T12 fp16: unscale before clipping, once per optimizer step;
             extra["loss_scale"] = self.scaler.get_scale()  # an inf/NaN gradient on any rank: skip
             skip = self.scaler.unscale_(self.params, collectives if self.ddp is not None else None)
@@ -553,17 +558,44 @@ class Trainer:
         if self.scaler is not None:
             self.scaler.update()
             extra["skipped_steps"] = self.scaler.skipped_steps
+        self._finish_step(t0, lr, loss_val, gnorm, extra)
+
+    def _finish_step(self, t0, lr, loss_val, gnorm, extra) -> None:
         self.model.zero_grad()
         dt = time.perf_counter() - t0
         self.train_time += dt
         self.step += 1
         self.pending.add(self.step, lr, loss_val, gnorm, dt, time.perf_counter() - self.t_start, extra)
 
+    def _device_update(self, lr, loss_val, extra) -> None:
+        """The optimizer's part of a GPU step with no host synchronisation (T07): the global norm,
+        the clip and fp16's unscale folded into one factor over the flat gradient buffer, the update
+        skipped on the device when the loss (or, without fp16, the norm) is not finite or the fp16
+        gradients overflowed, and the loss scale's update (T12). The values reach the host at the
+        next logging point. Under DDP the gradients are already averaged: an inf on any rank is an
+        inf on every rank, so the ranks skip together."""
+        xp, scaler = array_module(loss_val), self.scaler
+        state = scaler.state if scaler is not None else None
+        if scaler is not None:
+            extra["loss_scale"] = state[0].copy()  # the scale this step used
+        gnorm = self.opt.clip_grad_norm(self.cfg.grad_clip, scale_state=state)
+        finite = xp.isfinite(loss_val) if scaler is not None else xp.isfinite(loss_val) & xp.isfinite(gnorm)
+        self.healthy = self.healthy & finite
+        self.in_update = True
+        self.opt.step(lr, where=self.healthy)  # also skipped where the fp16 gradients overflowed
+        self.in_update = False
+        if scaler is not None:
+            scaler.update_from(self.opt.last_factors)
+            extra["skipped_steps"] = state[2].copy()
+            extra["_skipped"] = self.opt.last_factors[2]  # read_steps: a skipped step has no norm
+
     def _clip_and_check(self, loss_val):
         """Clip (or just measure) the global gradient norm; a non-finite one stops the run
         (read now, or on the device at the logging point when deferred)."""
         cfg = self.cfg
-        if cfg.grad_clip > 0:
+        if self.deferred and isinstance(self.opt, FusedAdamW):  # on the device, over its flat buffer;
+            gnorm = self.opt.clip_grad_norm(cfg.grad_clip)  # the clip is applied by its step
+        elif cfg.grad_clip > 0:
             gnorm = clip_grad_norm(self.params, cfg.grad_clip, sync=not self.deferred)
         else:
             gnorm = global_grad_norm(self.params, sync=not self.deferred)

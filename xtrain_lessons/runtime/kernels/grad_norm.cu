@@ -41,23 +41,40 @@ extern "C" __global__ void grad_norm_partials(const float* __restrict__ g, long 
     if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
+// Thread 0 of the finishing block: out[0..2] from the sum of squares (see the header).
+__device__ void write_norm_and_factor(double sum_sq, float* out, double max_norm, double eps, double inv_scale) {
+    const double norm = sqrt(sum_sq) * inv_scale;
+    const float norm32 = (float)norm;
+    const bool finite = isfinite(norm32);
+    double coef = 1.0;
+    if (max_norm > 0.0 && finite) {
+        double c = max_norm / (norm + eps);
+        if (c < 1.0) coef = c;
+    }
+    out[0] = norm32;
+    out[1] = (float)(coef * inv_scale);
+    out[2] = finite ? 0.0f : 1.0f;
+}
+
 extern "C" __global__ void grad_norm_finish(const double* __restrict__ partials, int n_partials,
                                             float* __restrict__ out, double max_norm, double eps,
                                             double inv_scale) {
     double acc = 0.0;
     for (int i = threadIdx.x; i < n_partials; i += blockDim.x) acc += partials[i];
     acc = block_sum_double(acc);
+    if (threadIdx.x == 0) write_norm_and_factor(acc, out, max_norm, eps, inv_scale);
+}
+
+// The same with the fp16 loss scale read on the device (grad_scaler.cu's state[0]): inv_scale =
+// 1 / scale computed in double and rounded to float32, as torch.amp.GradScaler does.
+extern "C" __global__ void grad_norm_finish_scaled(const double* __restrict__ partials, int n_partials,
+                                                   float* __restrict__ out, double max_norm, double eps,
+                                                   const float* __restrict__ scale_state) {
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < n_partials; i += blockDim.x) acc += partials[i];
+    acc = block_sum_double(acc);
     if (threadIdx.x == 0) {
-        const double norm = sqrt(acc) * inv_scale;
-        const float norm32 = (float)norm;
-        const bool finite = isfinite(norm32);
-        double coef = 1.0;
-        if (max_norm > 0.0 && finite) {
-            double c = max_norm / (norm + eps);
-            if (c < 1.0) coef = c;
-        }
-        out[0] = norm32;
-        out[1] = (float)(coef * inv_scale);
-        out[2] = finite ? 0.0f : 1.0f;
+        const float inv_scale = (float)(1.0 / (double)scale_state[0]);
+        write_norm_and_factor(acc, out, max_norm, eps, (double)inv_scale);
     }
 }

@@ -31,11 +31,14 @@ __all__ = ["global_norm_and_clip", "global_norm_and_clip_reference", "NORM_GRID"
 NORM_GRID = 256    # blocks of the squares' pass: fixed, so the summation order is too
 NORM_BLOCK = 256
 _FILE = "grad_norm.cu"
-_NAMES = ("grad_norm_partials", "grad_norm_finish")
+_NAMES = ("grad_norm_partials", "grad_norm_finish", "grad_norm_finish_scaled")
 
 
-def global_norm_and_clip(flat_grad, partials, out, max_norm, eps: float = 1e-6, inv_scale: float = 1.0):
-    """See the module doc. Returns `out`."""
+def global_norm_and_clip(flat_grad, partials, out, max_norm, eps: float = 1e-6, inv_scale: float = 1.0,
+                         scale_state=None):
+    """See the module doc. `scale_state`: a device float32 array whose [0] is the fp16 loss scale
+    (training/grad_scaler.py on the device): inv_scale is then 1 / scale, read on the device.
+    Returns `out`."""
     fn = "global_norm_and_clip"
     xp = device_of(fn, "flat_grad", flat_grad)
     check(fn, "flat_grad", flat_grad, xp, (F32,))
@@ -48,6 +51,12 @@ def global_norm_and_clip(flat_grad, partials, out, max_norm, eps: float = 1e-6, 
     clip = 0.0 if max_norm is None or max_norm <= 0 else float(max_norm)
     first = kernel(_FILE, "grad_norm_partials", _NAMES, xp)
     first((NORM_GRID,), (NORM_BLOCK,), (flat_grad, np.int64(flat_grad.size), partials))
+    if scale_state is not None:
+        check(fn, "scale_state", scale_state, xp, (F32,))
+        finish = kernel(_FILE, "grad_norm_finish_scaled", _NAMES, xp)
+        finish((1,), (NORM_BLOCK,), (partials, np.int32(NORM_GRID), out, np.float64(clip), np.float64(eps),
+                                     scale_state))
+        return out
     finish = kernel(_FILE, "grad_norm_finish", _NAMES, xp)
     finish((1,), (NORM_BLOCK,), (partials, np.int32(NORM_GRID), out, np.float64(clip), np.float64(eps),
                                  np.float64(inv_scale)))
