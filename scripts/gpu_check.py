@@ -14,10 +14,11 @@ and exits 1 when any check failed. The checks:
   train       `xtrain train` in float32, bf16 and fp16 on the GPU and on the CPU, same seed and
               data: the final train and validation losses agree within TRAIN_BOUND nats
   launch      `xtrain launch --nproc 2` with both ranks on one GPU (gloo through the host)
-  bench       `xtrain bench train --device cuda --against eager,sdpa,compile,amp` at the tiny,
-              20m and gpt2-small shapes: the engine against PyTorch on the same GPU
+  bench       `xtrain bench train --device cuda` at the tiny, 20m and gpt2-small shapes: the
+              engine in float32 against torch eager, sdpa and compile, and in bf16 against
+              torch autocast bf16 (amp), on the same GPU
 
-`--stand-in` runs the same commands on the CPU with tests/fake_cupy as CuPy (what CI can do): the
+`--stand-in` runs the same commands on the CPU with runtime/cupy_standin as CuPy (what CI can do): the
 notebooks, train and launch checks run; gpu-tests and bench are skipped (no GPU to measure).
 """
 
@@ -33,7 +34,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
 # final losses of a 200-step run on a GPU against the CPU: measured within 0.025 nats on an H200
 # (float32, bf16, flash, accumulation); twice that is the bound (two float32 implementations
 # drift apart over 200 AdamW steps; a wrong kernel moves the loss by far more)
@@ -48,9 +48,9 @@ BENCH_SHAPES = {
 
 def env_for(device: str, stand_in: bool) -> dict:
     if stand_in:
-        import fake_cupy  # noqa: PLC0415
+        from xtrain_lessons.runtime import cupy_standin  # noqa: PLC0415
 
-        return fake_cupy.subprocess_env(device=device)
+        return cupy_standin.subprocess_env(device=device)
     return {**os.environ, "XTRAIN_DEVICE": device}
 
 
@@ -151,19 +151,21 @@ def check_bench(args, work):
         return "SKIP", "--quick"
     results = []
     for name, shape in BENCH_SHAPES.items():
-        p = xtrain("bench", "train", "--device", "cuda", "--against", "eager,sdpa,compile,amp", "--steps", "6",
-                   "--rounds", "1", *shape, env=env_for("cuda", False), timeout=3000)
-        if p.returncode != 0:
-            return "FAIL", f"{name}: {tail(p)}"
-        results.append(f"{name}: {tail(p)}")
-        print(f"       {name}:\n" + "\n".join("         " + ln for ln in p.stdout.strip().splitlines()), flush=True)
+        for dtype, against in (("float32", "eager,sdpa,compile"), ("bf16", "amp")):
+            p = xtrain("bench", "train", "--device", "cuda", "--dtype", dtype, "--against", against, "--steps", "6",
+                       "--rounds", "3", *shape, env=env_for("cuda", False), timeout=3000)
+            if p.returncode != 0:
+                return "FAIL", f"{name} {dtype}: {tail(p)}"
+            results.append(f"{name} {dtype}: {tail(p)}")
+            print(f"       {name} {dtype}:\n" + "\n".join("         " + ln for ln in p.stdout.strip().splitlines()),
+                  flush=True)
     return "PASS", "; ".join(results)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--stand-in", action="store_true", help="run on the CPU with tests/fake_cupy as CuPy (CI)")
+    ap.add_argument("--stand-in", action="store_true", help="run on the CPU with the stand-in for CuPy (runtime/cupy_standin; CI)")
     ap.add_argument("--quick", action="store_true", help="fewer steps and notebooks, no benchmark")
     ap.add_argument("--only", default="", help=f"comma-separated subset of {','.join(CHECKS)}")
     args = ap.parse_args(argv)

@@ -160,6 +160,22 @@ def test_bench_against_eager_and_sdpa(capsys):
     assert lines[-1].startswith("throughput vs torch: sdpa ") and ", eager " in lines[-1]
 
 
+def test_bench_against_autocast_bf16(capsys):
+    """`amp`: the sdpa twin under torch.autocast(bfloat16) (on the CPU here): same weights, so its
+    first loss is the engine's within bf16 rounding of the logits (2^-8 relative, x a few)."""
+    pytest.importorskip("torch")
+    assert main.main(["bench", "train", "--preset", "test", "--vocab-size", "64", "--batch-size", "2",
+                      "--seq-len", "8", "--steps", "1", "--rounds", "1", "--peak-n", "128", "--threads", "1",
+                      "--against", "amp"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    e_loss = float(next(ln for ln in lines if ln.startswith("engine:")).split("first loss ")[1].split(",")[0])
+    amp = next(ln for ln in lines if ln.startswith("torch amp "))
+    assert abs(float(amp.split("first loss ")[1].split()[0]) - e_loss) < 4 * 2 ** -8 * e_loss
+    assert lines[-1].startswith("throughput vs torch: amp ")
+    assert main.main(["bench", "train", "--preset", "test", "--dtype", "bf16"]) == 2  # timed on a GPU only
+    assert "--device cuda" in capsys.readouterr().out
+
+
 def test_bench_against_parsing(capsys):
     from xtrain_lessons.measure.bench import parse_against
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-import fake_cupy
+from xtrain_lessons.runtime import cupy_standin as fake_cupy
 from test_train import small_corpus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -145,3 +145,15 @@ def test_the_gpu_extra_installs_cupys_cuda_components():
 
     gpu = re.search(r"^gpu = \[(.*)\]$", (REPO / "pyproject.toml").read_text(), re.M)
     assert gpu and '"cupy-cuda12x[ctk]>=14' in gpu.group(1), gpu
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bf16"])
+def test_bench_train_on_cuda(dtype):
+    """`xtrain bench train --device cuda` runs the GPU engine's step (the numbers mean nothing on
+    the stand-in; torch without CUDA is skipped with a message) and ends with its summary line."""
+    p = xtrain("bench", "train", "--device", "cuda", "--dtype", dtype, "--preset", "test", "--vocab-size", "300",
+               "--batch-size", "4", "--seq-len", "16", "--steps", "2", "--rounds", "1", "--peak-n", "512",
+               "--against", "eager,amp")
+    lines = p.stdout.strip().splitlines()
+    assert "torch with CUDA is not available here" in p.stdout
+    assert lines[-1].startswith("throughput vs torch: n/a") and f"({dtype})" in lines[-1]

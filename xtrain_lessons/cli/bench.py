@@ -1,8 +1,10 @@
-"""Benchmarks: `train` (the engine's training throughput against PyTorch eager, SDPA and
-torch.compile, MFU and step memory: measure/bench.py), `grpo` (batched vs looped rollout scoring:
+"""Benchmarks: `train` (the engine's training throughput against PyTorch eager, SDPA,
+torch.compile and autocast bf16, MFU and step memory: measure/bench.py on the CPU,
+measure/bench_gpu.py on a GPU), `grpo` (batched vs looped rollout scoring:
 measure/grpo_bench.py), `tokenizer` (the course's BPE against `tokenizers`: measure/bench_tokenizer.py).
 
     xtrain bench train --against eager,sdpa,compile
+    xtrain bench train --device cuda --dtype bf16 --against eager,amp --preset 20m --batch-size 32 --seq-len 512
     xtrain bench tokenizer --scale 100
 """
 
@@ -12,6 +14,8 @@ import argparse
 
 from xtrain_lessons.measure import grpo_bench
 from xtrain_lessons.measure.bench import run_train_bench
+from xtrain_lessons.measure.bench_gpu import run_train_bench_gpu
+from xtrain_lessons.runtime.device import get_device
 from xtrain_lessons.measure.bench_tokenizer import bench_tokenizer, format_results
 from xtrain_lessons.training.data import default_corpus_path
 
@@ -36,10 +40,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--against", default="eager",
                         help="comma-separated torch baselines: eager (composed attention), sdpa "
                              "(F.scaled_dot_product_attention), compile (torch.compile of the sdpa "
-                             "model; its compilation is timed apart and excluded). Default: eager")
+                             "model; its compilation is timed apart and excluded), amp (the sdpa model "
+                             "under torch.autocast bf16: the baseline of --dtype bf16). Default: eager")
+    parser.add_argument("--dtype", choices=["float32", "bf16", "fp16"], default="float32",
+                        help="the engine's compute dtype (--device cuda; the CPU bench times float32)")
     parser.add_argument("--no-torch", action="store_true", help="engine only")
-    parser.add_argument("--peak-n", type=int, default=1536,
-                        help="matrix size of the sgemm peak measurement")
+    parser.add_argument("--peak-n", type=int, default=None,
+                        help="matrix size of the matmul peak measurement (default 1536 on the CPU, 8192 on a GPU)")
     parser.add_argument("--corpus", default=None,
                         help="tokenizer: the text to train on and encode (default: the shipped stories)")
     parser.add_argument("--scale", type=int, default=100,
@@ -51,4 +58,11 @@ def run(args: argparse.Namespace) -> int:
         corpus = args.corpus or str(default_corpus_path())
         print(format_results(bench_tokenizer(corpus, args.vocab_size, args.rounds, args.scale)))
         return 0
-    return grpo_bench.run(args) if args.target == "grpo" else run_train_bench(args)
+    if args.target == "grpo":
+        return grpo_bench.run(args)
+    if get_device() == "cuda":  # the GPU engine against torch on the same GPU (measure/bench_gpu.py)
+        return run_train_bench_gpu(args)
+    if args.dtype != "float32":
+        print("xtrain bench: --dtype bf16/fp16 is timed on a GPU (--device cuda); the CPU emulates them")
+        return 2
+    return run_train_bench(args)

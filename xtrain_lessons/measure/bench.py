@@ -194,8 +194,8 @@ def run_train_bench(args) -> int:
     set_blas_threads(threads)
     keep_freed_memory()  # as xtrain train does; the torch baselines in this process get it too
     print(f"threads: {threads} (NumPy BLAS reports {blas_threads()}; torch gets the same)")
-    peak = sgemm_peak(args.peak_n)
-    print(f"engine matmuls: {blas.name()}; sgemm peak (float32 {args.peak_n}^3, best of np.matmul and "
+    peak = sgemm_peak((args.peak_n or 1536))
+    print(f"engine matmuls: {blas.name()}; sgemm peak (float32 {(args.peak_n or 1536)}^3, best of np.matmul and "
           f"the engine's): {peak / 1e9:.1f} GFLOP/s")
     fpt = train_flops_per_token(config, T)
     print(f"model FLOPs per trained token: {fpt / 1e6:.1f} MFLOP")
@@ -205,7 +205,7 @@ def run_train_bench(args) -> int:
     first = {name: step(warm) for name, step in steppers.items()}  # same weights: same loss
     times = _timed_rounds(steppers, batches, args.rounds, args.steps)
     memory = {name: peak_rss_delta(lambda s=step: s(batches[-1])) for name, step in steppers.items()}
-    peak = max(peak, sgemm_peak(args.peak_n))  # the best seen, before or after
+    peak = max(peak, sgemm_peak((args.peak_n or 1536)))  # the best seen, before or after
     tps = {name: tokens / float(np.median(t)) for name, t in times.items()}
     mfu = {name: t * fpt / peak for name, t in tps.items()}
     eloss = first["engine"][0]

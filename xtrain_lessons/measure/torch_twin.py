@@ -3,13 +3,19 @@
     step, threads = torch_stepper(config, engine.state_dict(), threads, kind="compile")
     loss, seconds = step(batch)  # batch: int64 (B, T + 1) tokens
 
-Three kinds, the same model, weights, optimizer and thread count:
+Four kinds, the same model, weights, optimizer and thread count:
 - ``eager``: attention composed from matmul + causal mask + softmax + matmul, as the engine's
   own `causal_attention` computes it;
 - ``sdpa``: attention is `F.scaled_dot_product_attention(is_causal=True)` (torch's fused
   kernel: flash-style blocks, causal blocks skipped);
 - ``compile``: the sdpa model and its cross-entropy under `torch.compile` (inductor: fused
-  elementwise kernels in C++); its first step compiles.
+  elementwise kernels in C++, or Triton on a GPU); its first step compiles;
+- ``amp``: the sdpa model under `torch.autocast(dtype=torch.bfloat16)`, torch's mixed precision
+  (float32 weights and optimizer, bf16 matmuls): the baseline of the engine's `--dtype bf16`.
+
+`device="cuda"` puts the twin on the GPU (the batch is copied there each step, as the engine
+copies its own); its step then returns the loss as a device tensor, not a float: the caller
+times a block of steps between two synchronisations, as a training loop would run.
 
 The step is forward, cross-entropy, backward, `clip_grad_norm_(1.0)` and `AdamW` (decay on
 matrices only), the engine's recipe.
@@ -22,7 +28,7 @@ import time
 
 import numpy as np
 
-KINDS = ("eager", "sdpa", "compile")
+KINDS = ("eager", "sdpa", "compile", "amp")
 
 
 def torch_model(c, torch, attention: str = "composed"):
@@ -130,10 +136,12 @@ def torch_model(c, torch, attention: str = "composed"):
     return LM()
 
 
-def torch_stepper(config, init_state: dict, threads: int | None, kind: str = "eager"):
+def torch_stepper(config, init_state: dict, threads: int | None, kind: str = "eager", device: str = "cpu"):
     """(step(batch) -> (loss, seconds), torch's thread count) for the PyTorch twin of `kind`
     (see the module docstring), starting from the engine's weights. For "compile" the first
-    step compiles (tens of seconds)."""
+    step compiles (tens of seconds). On "cuda" the loss is a device tensor (no synchronisation)."""
+    import contextlib  # noqa: PLC0415
+
     import torch  # noqa: PLC0415
 
     if kind not in KINDS:
@@ -142,26 +150,34 @@ def torch_stepper(config, init_state: dict, threads: int | None, kind: str = "ea
         torch.set_num_threads(threads)
     model = torch_model(config, torch, "composed" if kind == "eager" else "sdpa")
     model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in init_state.items()})
+    model.to(device)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
 
+    def autocast():
+        if kind != "amp":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type="cuda" if device == "cuda" else "cpu", dtype=torch.bfloat16)
+
     def loss_fn(ids, targets):
-        logits = model(ids)
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        with autocast():
+            logits = model(ids)
+        return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
     if kind == "compile":
         loss_fn = torch.compile(loss_fn)
 
     def step(b):
-        bt = torch.from_numpy(b)
         t0 = time.perf_counter()
+        bt = torch.from_numpy(b).to(device)
         loss = loss_fn(bt[:, :-1], bt[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        return float(loss.detach()), time.perf_counter() - t0
+        loss = loss.detach() if device == "cuda" else float(loss.detach())
+        return loss, time.perf_counter() - t0
 
     return step, torch.get_num_threads()

@@ -148,6 +148,10 @@ PRESETS: dict[str, Config] = {
     # `xtrain bench train --preset 20m` (T07); too slow to train in the course's minutes on a CPU
     "20m": Config(vocab_size=4096, dim=512, n_layers=6, n_heads=8, n_kv_heads=8, head_dim=64,
                   ffn_dim=1376, rope_theta=10000.0, max_seq_len=512, qk_norm=True),
+    # GPT-2-small's shape (124M at vocab 50257; 111M at 32768): the largest shape `xtrain bench train
+    # --device cuda` measures the GPU engine at (8 x 1024 tokens a step); far too slow for a CPU
+    "gpt2-small": Config(vocab_size=32768, dim=768, n_layers=12, n_heads=12, n_kv_heads=12, head_dim=64,
+                         ffn_dim=2048, rope_theta=10000.0, max_seq_len=1024, qk_norm=True),
     # very small, for unit tests: GQA (4 query heads share 2 kv heads), runs in milliseconds
     "test": Config(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
                    ffn_dim=64, rope_theta=10000.0, max_seq_len=32, qk_norm=True),

@@ -1,4 +1,6 @@
-"""A CPU stand-in for CuPy, so that the package's CuPy code paths run in CI (no GPU there).
+"""A CPU stand-in for CuPy: the package's GPU path, run on the CPU under CuPy's rules, with every
+device call counted (phase T07). CI has no GPU: this is how its tests, and a learner without a
+GPU, take the CuPy code paths; T07 counts a training step's launches with it.
 
 `install()` puts this module into ``sys.modules["cupy"]``; `xtrain_lessons.runtime.device`
 then finds "a GPU" through its ordinary checks (the seam is not told about the stand-in).
@@ -75,7 +77,7 @@ def _device_call(kind: str, name: str) -> None:
 def counting():
     """Device calls, kernel launches and host syncs made inside the block:
 
-        with fake_cupy.counting() as c:
+        with cupy_standin.counting() as c:
             step()
         c["device_calls"], c["host_syncs"], c["calls"]  (a Counter by kind:name)
     """
