@@ -50,7 +50,7 @@ def env_for(device: str, stand_in: bool) -> dict:
     if stand_in:
         from xtrain_lessons.runtime import cupy_standin  # noqa: PLC0415
 
-        return cupy_standin.subprocess_env(device=device)
+        return cupy_standin.subprocess_env(device=device, kernels="reference")  # the row kernels' NumPy twins
     return {**os.environ, "XTRAIN_DEVICE": device}
 
 

@@ -1,10 +1,11 @@
-"""The GPU path end to end, on the CPU stand-in for CuPy (tests/fake_cupy): every solution notebook
-and every `xtrain` command run with the device set to "cuda", in new processes that take the
-stand-in (`fake_cupy.subprocess_env`: a sitecustomize installs it as `cupy`). They must run to the
-end on CuPy's rules; their numbers need not match the CPU run's (tests/test_fake_cupy.py compares
-those). This is what would have caught the six failures the first real GPU run found: fp16 dying
-on a host scalar, `xtrain launch` refusing device arrays, and notebooks handing the GPU host
-arrays (or the reverse). What it cannot see is listed in fake_cupy's doc.
+"""The GPU path end to end, on the CPU stand-in for CuPy (runtime/cupy_standin): every solution
+notebook and every `xtrain` command run with the device set to "cuda", in new processes that take
+the stand-in (`cupy_standin.subprocess_env`: a sitecustomize installs it as `cupy`). They must run
+to the end on CuPy's rules; their numbers need not match the CPU run's (tests/test_fake_cupy.py
+compares those). The step's row kernels run as their NumPy references (KERNELS below). This is
+what would have caught the six failures the first real GPU run found: fp16 dying on a host
+scalar, `xtrain launch` refusing device arrays, and notebooks handing the GPU host arrays (or the
+reverse). What it cannot see is listed in the stand-in's doc.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ from test_train import small_corpus
 REPO = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((REPO / "solutions").glob("T*.ipynb"))
 pytestmark = pytest.mark.standin
+# The step's row kernels (RMSNorm, the softmaxes, the fused classifier) run as their NumPy
+# references here (cupy_standin._reference_kernels): on the emulator every CUDA thread is a fiber
+# and these kernels alone made the notebooks take ~17 minutes; their CUDA source is tested on the
+# emulator in tests/test_kernels_step.py and in the training runs of tests/test_fake_cupy.py.
+KERNELS = "reference"
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
@@ -31,9 +37,9 @@ def test_solution_notebook_runs_on_the_cuda_path(path):
     from nbclient import NotebookClient  # noqa: PLC0415
 
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=300, kernel_name="python3",
+    client = NotebookClient(nb, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
-    client.execute(env=fake_cupy.subprocess_env())  # raises CellExecutionError naming the cell
+    client.execute(env=fake_cupy.subprocess_env(kernels=KERNELS))  # raises CellExecutionError naming the cell
     printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "device: cuda (CuPy" in printed and "stand-in" in printed, "the notebook did not run on the cuda device"
 
@@ -42,7 +48,7 @@ def test_solution_notebook_runs_on_the_cuda_path(path):
 def xtrain(*args, cwd=None, timeout=300) -> subprocess.CompletedProcess:
     """`xtrain ARGS --device cuda` in a new process on the stand-in; fails the test on a non-zero exit."""
     p = subprocess.run([sys.executable, "-m", "xtrain_lessons.cli.main", *map(str, args)], cwd=cwd,
-                       env=fake_cupy.subprocess_env(), capture_output=True, text=True, timeout=timeout)
+                       env=fake_cupy.subprocess_env(kernels=KERNELS), capture_output=True, text=True, timeout=timeout)
     assert p.returncode == 0, f"xtrain {' '.join(map(str, args[:2]))} exited {p.returncode}:\n{p.stderr[-3000:]}"
     return p
 

@@ -747,3 +747,23 @@ def test_grad_norm_reads_the_loss_scale_on_the_device():
     global_norm_and_clip(g, None, host, 1.0, inv_scale=float(np.float32(1.0 / np.float64(4096.0))))
     global_norm_and_clip(g, None, dev, 1.0, scale_state=np.array([4096.0, 0.0, 0.0], np.float32))
     assert np.array_equal(host, dev) and host[2] == 0.0
+
+
+def test_embedding_bwd_is_deterministic_in_token_order():
+    """No atomics: a token's rows are added in position order, so the result is the CPU's C++
+    (np.add.at's order) bit for bit, however often a token repeats and however the blocks run."""
+    from xtrain_lessons.runtime.host import fused_rows  # noqa: PLC0415
+    from xtrain_lessons.runtime.kernels.embedding import embedding_bwd  # noqa: PLC0415
+
+    rng = np.random.default_rng(7)
+    ids = rng.integers(0, 37, 301).astype(np.int64)  # ~8 repeats per token, some tokens absent
+    g = rng.standard_normal((301, 48)).astype(np.float32)
+    gw = np.full((40, 48), np.nan, np.float32)
+    embedding_bwd(ids, g, gw)
+    want = np.zeros((40, 48), np.float32)
+    np.add.at(want, ids, g)
+    assert np.array_equal(gw, want)
+    if fused_rows.available():
+        cpu = np.empty_like(want)
+        fused_rows.embedding_bwd(ids, g, cpu)
+        assert np.array_equal(gw, cpu)

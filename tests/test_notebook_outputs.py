@@ -28,9 +28,7 @@ MAX_LOG_LINES = 20
 
 # Notebooks still being reworked by their owners (issue 30): the lead removes an entry when its
 # notebook lands. Used here and by tests/test_notebook_pipeline.py.
-PENDING = {
-    "T03_gemm", "T07_performance", "T12_bf16",  # the lead
-}
+PENDING: set[str] = set()
 
 # "...: False" at the end of a line or before a separator (; | , . ) ), but not a dict entry
 # ('key': False) — the colon must not follow a quote

@@ -30,10 +30,24 @@ MUTANTS = {
             for (int k = 0; k < K; k++) acc += A[row * K + k] * B[k * N + col];
             C[col * M + row] = acc;
         """,
+        "row and col swapped (A[col * K + k], B[k * N + row])": """
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++) acc += A[col * K + k] * B[k * N + row];
+            C[row * N + col] = acc;
+        """,
+        "loop runs one past the end (k <= K)": """
+            float acc = 0.0f;
+            for (int k = 0; k <= K; k++) acc += A[row * K + k] * B[k * N + col];
+            C[row * N + col] = acc;
+        """,
     },
     "T03.2": {
         "no k < K bounds guard on the tile loads": _TILED.replace(" && k0 + tx < K", "").replace("k0 + ty < K && ", ""),
+        "no k < K guard on the A tile only": _TILED.replace(" && k0 + tx < K", ""),
+        "first barrier missing": _TILED.replace("__syncthreads();", "", 1),
         "second barrier missing": _TILED.rsplit("__syncthreads();", 1)[0],
+        "row and column swapped in the inner product (As[k][ty] * Bs[tx][k])":
+            _TILED.replace("As[ty][k] * Bs[k][tx]", "As[k][ty] * Bs[tx][k]"),
         "As indexed [tx][ty] (wrong transpose)": _TILED.replace("As[ty][tx] =", "As[tx][ty] ="),
         "inner loop stops one short (k < TILE - 1)": _TILED.replace("k < TILE", "k < TILE - 1"),
     },
@@ -42,5 +56,9 @@ MUTANTS = {
         "db transposed (dc.T @ a)": "return dc @ b.T, dc.T @ a",
         "negated gradients": "return -(dc @ b.T), -(a.T @ dc)",
         "dc left out of db (a.T @ ones)": "return dc @ b.T, a.T @ np.ones_like(dc)",
+        # the square case comes first: a forgotten transpose fits its shapes and is caught by value
+        "transpose forgotten in dA (dc @ b)": ("return dc @ b, a.T @ dc", "square 6×6×6"),
+        "dB with A instead of Aᵀ (a @ dc)": ("return dc @ b.T, a @ dc", "square 6×6×6"),
+        "both transposes forgotten": ("return dc @ b, a @ dc", "square 6×6×6"),
     },
 }

@@ -77,7 +77,9 @@ def default_tolerance(dtype: Any) -> tuple[float, float]:
 
 
 def _as_array(x: Any) -> np.ndarray:
-    if hasattr(x, "data") and not isinstance(x, np.ndarray) and hasattr(x, "grad"):
+    if isinstance(x, np.ndarray):  # (hasattr(bf16_array, "data") raises: no buffer for dtype 'E')
+        return x
+    if hasattr(x, "data") and hasattr(x, "grad"):
         x = x.data  # an autograd Tensor
     if hasattr(x, "get") and not isinstance(x, np.ndarray):
         x = x.get()  # a CuPy array

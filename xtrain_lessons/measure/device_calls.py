@@ -4,16 +4,20 @@ A small model's step on a GPU is launch-bound: each kernel launch or library cal
 microseconds of CPU time however little work it does. So count them before timing them:
 
     calls = engine_step_calls("tiny", dtype="float32")
-    calls.total, calls.host_syncs, calls.by_kind     # e.g. 330, 0, {"kernel": 118, "library": 87, ...}
+    calls.total, calls.host_syncs, calls.by_kind     # e.g. 330, 0, {"kernel": 118, "library": 111, ...}
+    calls.bytes                                      # the step's memory traffic (operands + results)
     ops = torch_step_ops(PRESETS["tiny"])
     ops.total, ops.views                             # PyTorch eager's ATen ops for the same step
 
 `engine_step_calls` runs the training loop's own step (training/loop.py: forward, backward, the
 norm and clip, the optimizer, on the "cuda" device) on the CPU stand-in for CuPy
 (runtime/cupy_standin), which counts every device call — operators, ufuncs, reductions, copies,
-cuBLAS calls, kernel launches — and every host synchronisation, as a GPU would see them. The count
+cuBLAS calls, kernel launches — and every host synchronisation, as a GPU would see them, and the
+bytes each call reads and writes (every operand and result once: a GPU's memory traffic, which
+the batch and the sequence length do scale). The count
 does not depend on the batch or the sequence length (one launch per op, whatever its size), so a
-small batch (and a small vocabulary) gives the count of a large one. `torch_step_ops` counts the ATen operators PyTorch
+small batch (and a small vocabulary) gives the count of a large one; the bytes do scale, so count
+those at the shape you estimate. `torch_step_ops` counts the ATen operators PyTorch
 eager dispatches for the same model and step (forward, cross-entropy, backward, clip_grad_norm_,
 AdamW with foreach=True as on a GPU) with a TorchDispatchMode, on the CPU; about a third of them are
 views, which launch nothing on a GPU.
@@ -40,16 +44,21 @@ VIEW_OPS = {"view", "_unsafe_view", "t", "transpose", "expand", "permute", "resh
 class StepCalls:
     total: int                      # device calls (engine) or ATen ops (torch)
     host_syncs: int = 0
+    bytes: int = 0                  # engine: memory traffic, each call's operands and result once
     views: int = 0                  # torch: the ops among `total` that only make a view
     by_kind: dict = field(default_factory=dict)    # "kernel", "library", "copy", ... -> n
     by_name: collections.Counter = field(default_factory=collections.Counter)
 
 
-def engine_step_calls(preset: str = "tiny", batch: int = 2, seq: int = 16, dtype: str = "float32") -> StepCalls:
+def engine_step_calls(preset: str = "tiny", batch: int = 2, seq: int = 16, dtype: str = "float32",
+                      vocab_size: int | None = None) -> StepCalls:
     """The device calls of one training step of the engine's `preset` model on the "cuda" device
-    (the loop's train_step, after a first step), counted on the CuPy stand-in (see the module doc)."""
+    (the loop's train_step, after a first step), counted on the CuPy stand-in (see the module doc).
+    `vocab_size`: a BPE of that size on the shipped stories (for the bytes; the count does not
+    depend on it); default: a 300-token vocabulary of a tiny corpus (fast)."""
     from xtrain_lessons.runtime import cupy_standin, device  # noqa: PLC0415
     from xtrain_lessons.training import loop  # noqa: PLC0415
+    from xtrain_lessons.training.data import default_corpus_path  # noqa: PLC0415
 
     before, override, probed = cupy_standin.install(), device._override, device._gpu_ok
     device._gpu_ok = None  # probe again: the stand-in is a GPU
@@ -65,12 +74,13 @@ def engine_step_calls(preset: str = "tiny", batch: int = 2, seq: int = 16, dtype
     loop.Trainer.train_step = counted
     try:
         with tempfile.TemporaryDirectory(prefix="xtrain-calls-") as tmp:
-            corpus = f"{tmp}/corpus.txt"
-            words = np.array(["the", "cat", "sat", "on", "a", "mat", "and", "ran", "to", "sun"])
-            rng = np.random.default_rng(0)
-            with open(corpus, "w", encoding="utf-8") as f:
-                f.write("\n\n".join(" ".join(rng.choice(words, 40)) for _ in range(200)))
-            cfg = loop.TrainConfig(preset=preset, vocab_size=300, steps=2, batch_size=batch, seq_len=seq,
+            corpus = str(default_corpus_path()) if vocab_size else f"{tmp}/corpus.txt"
+            if not vocab_size:
+                words = np.array(["the", "cat", "sat", "on", "a", "mat", "and", "ran", "to", "sun"])
+                rng = np.random.default_rng(0)
+                with open(corpus, "w", encoding="utf-8") as f:
+                    f.write("\n\n".join(" ".join(rng.choice(words, 40)) for _ in range(200)))
+            cfg = loop.TrainConfig(preset=preset, vocab_size=vocab_size or 300, steps=2, batch_size=batch, seq_len=seq,
                                    eval_every=0, sample_every=0, sample_tokens=0, checkpoint_every=0, dtype=dtype,
                                    data=corpus, tokenizer_impl="hf", threads=1, out=f"{tmp}/run", log_every=10)
             loop.train(cfg, progress=False, log=lambda s: None)
@@ -83,7 +93,7 @@ def engine_step_calls(preset: str = "tiny", batch: int = 2, seq: int = 16, dtype
     kinds = collections.Counter()
     for name, n in c["calls"].items():
         kinds[name.split(":")[0]] += n
-    return StepCalls(c["device_calls"], c["host_syncs"], 0, dict(kinds), c["calls"])
+    return StepCalls(c["device_calls"], c["host_syncs"], c["bytes"], 0, dict(kinds), c["calls"])
 
 
 def torch_step_ops(config, batch: int = 2, seq: int = 16, kind: str = "eager", foreach: bool = True) -> StepCalls:
@@ -123,7 +133,7 @@ def torch_step_ops(config, batch: int = 2, seq: int = 16, kind: str = "eager", f
     with Count() as counter:
         step()
     views = sum(n for name, n in counter.ops.items() if name in VIEW_OPS)
-    return StepCalls(sum(counter.ops.values()), 0, views, {}, counter.ops)
+    return StepCalls(sum(counter.ops.values()), 0, 0, views, {}, counter.ops)
 
 
 if __name__ == "__main__":  # python -m xtrain_lessons.measure.device_calls [preset]

@@ -76,6 +76,7 @@ XTRAIN_SANITIZE=1 (the sanitizer for every kernel compiled afterwards).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -243,10 +244,13 @@ _loaded_lock = threading.Lock()
 
 def load_kernel(filename: str, name: str, backend: str = "auto", options=()) -> Kernel:
     """The kernel `name` of `xtrain_lessons/runtime/kernels/<filename>`, compiled once per process."""
-    key = (filename, name, _resolve_backend(backend), tuple(options), sanitize_default())
+    where = _resolve_backend(backend)
+    # the CuPy module is part of the key on the GPU: a process may meet both a real CuPy and the
+    # CPU stand-in for it (runtime/cupy_standin), and a kernel compiled for one is no use to the other
+    key = (filename, name, where, tuple(options), sanitize_default(), sys.modules.get("cupy") if where == "gpu" else None)
     with _loaded_lock:
         if key not in _loaded:
-            _loaded[key] = Kernel(KERNELS_DIR / filename, name, options=options, backend=key[2])
+            _loaded[key] = Kernel(KERNELS_DIR / filename, name, options=options, backend=where)
         return _loaded[key]
 
 

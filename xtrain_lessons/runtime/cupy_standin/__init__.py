@@ -51,7 +51,7 @@ import numpy as np
 
 NAMES = json.loads((Path(__file__).with_name("cupy_names.json")).read_text())
 __version__ = NAMES["cupy_version"] + "+cpu-stand-in"
-stats = {"host_syncs": 0, "kernel_launches": 0, "device_calls": 0}
+stats = {"host_syncs": 0, "kernel_launches": 0, "device_calls": 0, "bytes": 0}
 calls: collections.Counter = collections.Counter()  # "kind:name" -> device calls
 # names that give a view or an allocation: no kernel runs on a GPU
 _NO_LAUNCH = {"reshape", "ravel", "transpose", "swapaxes", "moveaxis", "squeeze", "expand_dims", "broadcast_to",
@@ -68,9 +68,17 @@ def _host_sync():
     stats["host_syncs"] += 1
 
 
-def _device_call(kind: str, name: str) -> None:
+def _device_call(kind: str, name: str, *arrays) -> None:
+    """Count one device call, and the bytes it moves: every distinct array it reads or writes
+    (operands and result) once, a GPU's memory traffic for the call."""
     stats["device_calls"] += 1
     calls[f"{kind}:{name}"] += 1
+    seen = set()
+    for a in arrays:
+        a = a._a if isinstance(a, ndarray) else a
+        if isinstance(a, np.ndarray) and id(a) not in seen:
+            seen.add(id(a))
+            stats["bytes"] += a.nbytes
 
 
 @contextlib.contextmanager
@@ -79,7 +87,7 @@ def counting():
 
         with cupy_standin.counting() as c:
             step()
-        c["device_calls"], c["host_syncs"], c["calls"]  (a Counter by kind:name)
+        c["device_calls"], c["host_syncs"], c["bytes"], c["calls"]  (a Counter by kind:name)
     """
     before, before_calls = dict(stats), calls.copy()
     out: dict = {}
@@ -224,14 +232,14 @@ class ndarray:
 
     def get(self, stream=None, order="C", out=None, blocking=True):
         _host_sync()
-        _device_call("copy", "device_to_host")
+        _device_call("copy", "device_to_host", self)
         return np.array(self._a, order=order)
 
     def set(self, arr, stream=None):
         """Copy a host array of the same shape into this one (CuPy's host -> device)."""
         if not isinstance(arr, np.ndarray) or arr.shape != self._a.shape:
             raise ValueError(f"set: need a NumPy array of shape {self._a.shape}")
-        _device_call("copy", "host_to_device")
+        _device_call("copy", "host_to_device", self)
         self._a[...] = arr
 
     def __format__(self, spec):  # CuPy formats through the host: a synchronisation
@@ -301,33 +309,38 @@ class ndarray:
             return _wrap(attr)
 
         def method(*a, **k):
+            res = attr(*_unwrap(a), **{kk: _unwrap(v) for kk, v in k.items()})
             if name not in _NO_LAUNCH and not (name == "copy" and not self._a.size):
-                _device_call("method", name)
-            return _wrap(attr(*_unwrap(a), **{kk: _unwrap(v) for kk, v in k.items()}))
+                _device_call("method", name, self, res)
+            return _wrap(res)
         return method
 
     def astype(self, dtype, order="K", casting=None, subok=None, copy=True):
+        res = self._a.astype(dtype, order=order, copy=copy)
         if copy or np.dtype(dtype) != self._a.dtype:
-            _device_call("copy", "astype")
-        return ndarray._wrap(self._a.astype(dtype, order=order, copy=copy))
+            _device_call("copy", "astype", self, res)
+        return ndarray._wrap(res)
 
     def __getitem__(self, key):
+        res = self._a[_unwrap(key, allow_host=True)]
         if _advanced(key):
-            _device_call("index", "getitem")
-        return _wrap(self._a[_unwrap(key, allow_host=True)])
+            _device_call("index", "getitem", res, res)  # read and written
+        return _wrap(res)
 
     def __setitem__(self, key, value):
         if isinstance(value, np.ndarray) and value.ndim:
             raise ValueError("non-scalar numpy.ndarray cannot be used for fill")  # CuPy's fill
-        _device_call("index", "setitem")
+        target = self._a[_unwrap(key, allow_host=True)] if not _advanced(key) else None
+        _device_call("index", "setitem", value, target)
         self._a[_unwrap(key, allow_host=True)] = value[()] if isinstance(value, np.ndarray) else _unwrap(value)
 
     # -- NumPy's protocols: a ufunc or function on a cupy array runs "on the device" ------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         if "out" in kwargs:
             kwargs["out"] = tuple(_unwrap(o) for o in kwargs["out"])
-        _device_call("ufunc", ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}")
         res = getattr(ufunc, method)(*_unwrap(inputs), **kwargs)
+        _device_call("ufunc", ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}", *inputs,
+                     *(res if isinstance(res, tuple) else (res,)))
         return _wrap(res) if method != "at" else None
 
     def __array_function__(self, func, types_, args, kwargs):
@@ -346,8 +359,10 @@ def _advanced(key) -> bool:
 def _matmul(a, b, out=None):
     """cuBLAS's product: float32 accumulation, the result in the operands' dtype (NumPy with
     ml_dtypes gives float32 for bfloat16 operands; CuPy gives bfloat16)."""
-    res = np.matmul(a, b)
     want = np.result_type(a, b)
+    if want.itemsize < 4 and want.kind in "fV":  # float16 / bfloat16: NumPy has no BLAS for them;
+        a, b = a.astype(np.float32), b.astype(np.float32)  # cuBLAS accumulates in float32 anyway
+    res = np.matmul(a, b)
     if res.dtype != want:
         res = res.astype(want)
     if out is not None:
@@ -371,14 +386,15 @@ def _binary(op, name, reflected=False):
     def method(self, other):
         if not reflected and not isinstance(other, ndarray) and _should_use_rop(self, other):
             return NotImplemented
-        _device_call("library" if name == "matmul" else "op", name)
-        return _wrap(op(self._a, _unwrap(other)))
+        res = op(self._a, _unwrap(other))
+        _device_call("library" if name == "matmul" else "op", name, self, other, res)
+        return _wrap(res)
     return method
 
 
 def _inplace(op, name):
     def method(self, other):
-        _device_call("op", f"i{name}")
+        _device_call("op", f"i{name}", self, other)
         op(self._a, _unwrap(other), out=self._a)
         return self
     return method
@@ -399,8 +415,9 @@ for _name, _op in [("lt", np.less), ("le", np.less_equal), ("gt", np.greater), (
 
 def _unary(op, name):
     def method(self):
-        _device_call("op", name)
-        return ndarray._wrap(op(self._a))
+        res = op(self._a)
+        _device_call("op", name, self, res)
+        return ndarray._wrap(res)
     return method
 
 
@@ -422,8 +439,9 @@ class ufunc:
         if "out" in kwargs:
             out = kwargs["out"]
             kwargs["out"] = tuple(_unwrap(o) for o in out) if isinstance(out, tuple) else _unwrap(out)
-        _device_call("ufunc", self.__name__)
-        return _wrap(self._u(*_unwrap(args), **kwargs))
+        res = self._u(*_unwrap(args), **kwargs)
+        _device_call("ufunc", self.__name__, *args, *(res if isinstance(res, tuple) else (res,)))
+        return _wrap(res)
 
     def __getattr__(self, name):
         if name.startswith("_") or name not in NAMES["cupy.ufunc"]:
@@ -433,35 +451,38 @@ class ufunc:
             return f
 
         def method(*a, **k):
-            _device_call("ufunc", f"{self.__name__}.{name}")
-            return _wrap(f(*_unwrap(a), **{kk: _unwrap(v) for kk, v in k.items()}))
+            res = f(*_unwrap(a), **{kk: _unwrap(v) for kk, v in k.items()})
+            _device_call("ufunc", f"{self.__name__}.{name}", *a, res)
+            return _wrap(res)
         return method
 
 
-def _count_conversion(name, args, kwargs) -> None:
+def _count_conversion(name, args, kwargs, res) -> None:
     """array/asarray/ascontiguousarray: a device call only when data moves or changes layout."""
     src = args[0] if args else kwargs.get("a", kwargs.get("obj"))
     dtype = kwargs.get("dtype", args[1] if len(args) > 1 and name != "array" else None)
     if not isinstance(src, ndarray):
-        _device_call("copy", "host_to_device")
+        _device_call("copy", "host_to_device", res)
     elif name == "array" and kwargs.get("copy", True) is not False:
-        _device_call("copy", "array")
+        _device_call("copy", "array", src, res)
     elif dtype is not None and np.dtype(dtype) != src.dtype:
-        _device_call("copy", "astype")
+        _device_call("copy", "astype", src, res)
     elif name == "ascontiguousarray" and not src.flags.c_contiguous:
-        _device_call("copy", "ascontiguousarray")
+        _device_call("copy", "ascontiguousarray", src, res)
 
 
 def _function(name, f):
     host_ok = name in _CONVERTERS
 
     def run(*args, **kwargs):
-        if host_ok:
-            _count_conversion(name, args, kwargs)
-        elif name not in _NO_LAUNCH:
-            _device_call("library" if name in ("matmul", "dot", "tensordot", "einsum") else "fn", name)
         res = (_matmul if name == "matmul" else f)(*_unwrap(args, host_ok),
                                                    **{k: _unwrap(v, host_ok) for k, v in kwargs.items()})
+        if host_ok:
+            _count_conversion(name, args, kwargs, res)
+        elif name not in _NO_LAUNCH:
+            arrays = [a for a in (*args, *kwargs.values()) if isinstance(a, ndarray)]
+            _device_call("library" if name in ("matmul", "dot", "tensordot", "einsum") else "fn", name, *arrays,
+                         *(res if isinstance(res, (tuple, list)) else (res,)))
         return _wrap(res)
     run.__name__ = name
     return run
@@ -494,8 +515,69 @@ _served: dict = {}
 
 
 # ----------------------------------------------------------------------------- kernels
+def _store(dst, values) -> None:
+    """Write float64 `values` into `dst` (any storage dtype), rounded once, as a kernel's store."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        dst[...] = np.asarray(values, np.float64).reshape(dst.shape).astype(np.float32).astype(dst.dtype)
+
+
+def _reference_kernels() -> dict:
+    """name -> run(args, grid) for the training step's row kernels (runtime/kernels: one block per
+    row, barriers and warp shuffles in every block, the emulator's slowest case), computed by their
+    NumPy references in float64 and stored once. `XTRAIN_STANDIN_KERNELS=reference` uses them: the
+    end-to-end runs (every notebook and command on the cuda path) then take minutes instead of tens
+    of minutes. The kernels themselves are tested on the emulator against the same references
+    (tests/test_kernels_step.py) and through training runs (tests/test_fake_cupy.py)."""
+    from xtrain_lessons.runtime.kernels import cross_entropy as ce  # noqa: PLC0415
+    from xtrain_lessons.runtime.kernels import rmsnorm as rn  # noqa: PLC0415
+    from xtrain_lessons.runtime.kernels import softmax as sm  # noqa: PLC0415
+
+    def rows(a, width):
+        return a.reshape(-1, int(width))
+
+    def rmsnorm_fwd(x, w, xhat, out, r, D, eps, has_w):
+        xh, o, rr = rn.rmsnorm_fwd_reference(rows(x, D), w if has_w else None, float(eps))
+        _store(xhat, xh)
+        _store(r, rr)
+        if has_w:
+            _store(out, o)
+
+    def rmsnorm_bwd(g, xhat, w, r, gx, parts, N, D, rows_per_block, has_w, want_gx, want_gw):
+        dx, dw = rn.rmsnorm_bwd_reference(rows(g, D), rows(xhat, D), w if has_w else None, rows(r, 1))
+        if want_gx:
+            _store(gx, dx)
+        if want_gw:  # the whole sum in the first partial: rmsnorm_gw_sum adds them up
+            parts[...] = 0
+            _store(parts[0], dw)
+
+    def causal_fwd(s_, Tq, Tk, scale):
+        _store(s_, sm.causal_softmax_fwd_reference(rows(s_, Tk), int(Tq), float(scale)))
+
+    def causal_bwd(p_, dp, Tq, Tk, scale):
+        _store(dp, sm.causal_softmax_bwd_reference(rows(p_, Tk), rows(dp, Tk), int(Tq), float(scale)))
+
+    def softmax_exp(x, s_, lse, V):
+        e, ss, ll = sm.softmax_exp_rows_reference(rows(x, V))
+        _store(x, e), _store(s_, ss), _store(lse, ll)
+
+    def ce_fwd(logits, targets, s_, lse, losses, V, ignore):
+        e, ss, ll, lo = ce.cross_entropy_fwd_reference(rows(logits, V), targets, int(ignore))
+        _store(logits, e), _store(s_, ss), _store(lse, ll), _store(losses, lo)
+
+    def ce_bwd(e, s_, targets, dloss, inv, V, ignore):
+        _store(e, ce.cross_entropy_bwd_reference(rows(e, V), s_, targets, dloss, float(inv), int(ignore)))
+
+    return {"rmsnorm_fwd": rmsnorm_fwd, "rmsnorm_bwd": rmsnorm_bwd, "causal_softmax_fwd": causal_fwd,
+            "causal_softmax_bwd": causal_bwd, "softmax_exp_rows": softmax_exp, "cross_entropy_fwd": ce_fwd,
+            "cross_entropy_bwd": ce_bwd}
+
+
+_REFERENCES: dict = {}
+
+
 class RawKernel:
-    """cupy.RawKernel, run by the package's CPU emulator on the wrapped arrays."""
+    """cupy.RawKernel, run by the package's CPU emulator on the wrapped arrays (or, for the step's
+    row kernels under XTRAIN_STANDIN_KERNELS=reference, by their NumPy references)."""
 
     def __init__(self, code, name, options=(), backend="nvrtc", translate_cucomplex=False,
                  enable_cooperative_groups=False, jitify=False):
@@ -509,7 +591,14 @@ class RawKernel:
             if isinstance(a, np.ndarray):
                 raise TypeError(f"Unsupported type {type(a)} (argument {i}): a kernel cannot read host memory")
         stats["kernel_launches"] += 1
-        _device_call("kernel", self.name)
+        _device_call("kernel", self.name, *(a for a in args if isinstance(a, ndarray)))
+        if os.environ.get("XTRAIN_STANDIN_KERNELS") == "reference":
+            if not _REFERENCES:
+                _REFERENCES.update(_reference_kernels())
+            run = _REFERENCES.get(self.name.split("<")[0])
+            if run is not None:
+                run(*(a._a if isinstance(a, ndarray) else a for a in args))
+                return
         self._k(grid, block, tuple(a._a if isinstance(a, ndarray) else a for a in args), shared_mem=shared_mem)
 
 
@@ -578,16 +667,19 @@ for _n in ("Device", "Stream", "MemoryPool", "get_current_stream", "runtime"):
     assert _n in NAMES["cupy.cuda"], _n
 
 
-def subprocess_env(env=None, device: str = "cuda") -> dict:
+def subprocess_env(env=None, device: str = "cuda", kernels: str = "") -> dict:
     """An environment in which a new Python process takes the stand-in for CuPy (through
     site/sitecustomize.py) and, by default, the "cuda" device: for `xtrain launch`'s ranks, a
-    notebook's kernel, a command run by a test."""
+    notebook's kernel, a command run by a test. kernels="reference": the step's row kernels run as
+    their NumPy references (see _reference_kernels)."""
     env = dict(os.environ if env is None else env)
     site = str(Path(__file__).with_name("site"))
     env["PYTHONPATH"] = os.pathsep.join([site, *filter(None, [env.get("PYTHONPATH")])])
     env["XTRAIN_FAKE_CUPY"] = "1"
     if device:
         env["XTRAIN_DEVICE"] = device
+    if kernels:
+        env["XTRAIN_STANDIN_KERNELS"] = kernels
     return env
 
 

@@ -44,21 +44,31 @@ __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 
+// The engine's backward, deterministic: `order` lists the positions sorted by (token id, position),
+// so each token's positions form one run. The block at the first position of a run adds the run's
+// gradient rows in position order (np.add.at's order, the CPU's) and writes the token's row once:
+// no atomics, the same bits on every run. Blocks take sorted positions in a grid-stride loop;
+// the other blocks of a run return at once. Rows of tokens that do not occur stay as the caller
+// zeroed them.
 template <typename T>
-__global__ void embedding_bwd(const long long* __restrict__ ids, const T* __restrict__ g, float* __restrict__ gw,
-                              long long n_tokens, int vocab, int dim) {
-    const long long n = n_tokens * dim;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const long long t = i / dim;
-        const int k = (int)(i % dim);
-        const long long id = ids[t];
-        if (id < 0 || id >= vocab) continue;
-        atomicAdd(&gw[id * dim + k], to_float(g[i]));
+__global__ void embedding_bwd(const long long* __restrict__ ids, const long long* __restrict__ order,
+                              const T* __restrict__ g, float* __restrict__ gw, long long n_tokens, int vocab,
+                              int dim) {
+    for (long long i = blockIdx.x; i < n_tokens; i += gridDim.x) {
+        const long long id = ids[order[i]];
+        if ((i > 0 && ids[order[i - 1]] == id) || id < 0 || id >= vocab) continue;
+        for (int k = threadIdx.x; k < dim; k += blockDim.x) {
+            float acc = 0.0f;
+            for (long long j = i; j < n_tokens && ids[order[j]] == id; ++j) acc += to_float(g[order[j] * dim + k]);
+            gw[id * dim + k] = acc;
+        }
     }
 }
 
 // The instantiations the launcher uses (explicit, so a plain nvcc/NVRTC compile emits them).
-template __global__ void embedding_bwd<float>(const long long*, const float*, float*, long long, int, int);
-template __global__ void embedding_bwd<__nv_bfloat16>(const long long*, const __nv_bfloat16*, float*, long long, int,
-                                                      int);
-template __global__ void embedding_bwd<__half>(const long long*, const __half*, float*, long long, int, int);
+template __global__ void embedding_bwd<float>(const long long*, const long long*, const float*, float*, long long,
+                                              int, int);
+template __global__ void embedding_bwd<__nv_bfloat16>(const long long*, const long long*, const __nv_bfloat16*, float*,
+                                                      long long, int, int);
+template __global__ void embedding_bwd<__half>(const long long*, const long long*, const __half*, float*, long long,
+                                               int, int);

@@ -13,10 +13,11 @@ The GPU engine's backward (T07), the CUDA twin of runtime/host/fused_rows' embed
     embedding_bwd(ids, g, gw)
         ids (N,) int64, already range-checked by the caller (the launcher never reads them: no
         host synchronisation); g (N, D) of float32, bfloat16 or float16; gw (V, D) float32,
-        zeroed by the launcher (gw.fill(0), a memset) and then scatter-added into by the
-        atomic kernel: gw[v] = the sum of g[t] over the tokens t with ids[t] = v. Float atomics
-        complete in any order, so on a GPU the last bits of a row with repeated ids can differ
-        from run to run (fused_rows' C++ sums in token order, np.add.at's bits).
+        zeroed by the launcher (gw.fill(0), a memset); gw[v] = the sum of g[t] over the tokens t
+        with ids[t] = v, in token order, without atomics: the positions are sorted by (id,
+        position) (one argsort), and the block at the start of each token's run adds its rows.
+        Deterministic, and the bits of fused_rows' C++ (np.add.at's order) on the same input: an
+        atomic scatter-add would complete in any order and change a row's last bits run to run.
         Reference: embedding_bwd_reference(ids, g, vocab) (float64).
 """
 
@@ -26,7 +27,7 @@ import numpy as np
 
 from xtrain_lessons.runtime.cuda import load_kernel
 from xtrain_lessons.runtime.device import array_module, kernel_backend
-from xtrain_lessons.runtime.kernels._common import F32, STORAGE, check, device_of, grid_for, kernel, \
+from xtrain_lessons.runtime.kernels._common import F32, MAX_GRID, STORAGE, check, device_of, grid_for, kernel, \
     name_expression
 
 BLOCK = 256
@@ -106,7 +107,9 @@ def embedding_backward_reference(ids, dout, vocab: int):
 
 
 def embedding_bwd(ids, g, gw) -> None:
-    """gw = 0, then gw[ids[t]] += g[t] for every token t (see the module doc); two launches."""
+    """gw = 0, then gw[id] = the sum of g's rows at the positions of token id, in position order
+    (np.add.at's, the CPU's order: deterministic, no atomics): the positions sorted by (id,
+    position) with one argsort, then one block per run of a token's positions."""
     fn = "embedding_bwd"
     xp = device_of(fn, "g", g)
     check(fn, "g", g, xp, STORAGE)
@@ -119,8 +122,10 @@ def embedding_bwd(ids, g, gw) -> None:
         raise ValueError(f"{fn}: gw must have shape (V, {D}), got {tuple(gw.shape)}")
     gw.fill(0)
     if N and D:
+        order = xp.argsort(ids * np.int64(N) + xp.arange(N, dtype=xp.int64))  # by (id, position): unique keys
         k = kernel("embedding.cu", name_expression(fn, g.dtype), NAME_EXPRESSIONS, xp)
-        k((grid_for(N * D),), (BLOCK,), (ids, g, gw, np.int64(N), np.int32(gw.shape[0]), np.int32(D)))
+        k((min(N, MAX_GRID),), (min(32 * -(-D // 32), BLOCK),),
+          (ids, order.astype(xp.int64, copy=False), g, gw, np.int64(N), np.int32(gw.shape[0]), np.int32(D)))
 
 
 def embedding_bwd_reference(ids, g, vocab: int):
