@@ -6,10 +6,6 @@
 import json
 from pathlib import Path
 
-import cupy
-import cupy.cuda
-import cupy.cuda.runtime
-
 DUNDERS = ("__array_ufunc__", "__array_function__", "__array__", "__dlpack__", "__cuda_array_interface__")
 
 
@@ -17,7 +13,10 @@ def public(obj) -> list[str]:
     return sorted(n for n in dir(obj) if not n.startswith("_") or n in DUNDERS)
 
 
-if __name__ == "__main__":
+def main():
+    import cupy  # noqa: PLC0415 (a developer's tool: the package itself never needs CuPy)
+    import cupy.cuda.runtime  # noqa: PLC0415
+
     names = {
         "cupy_version": cupy.__version__,
         "cupy": public(cupy),
@@ -34,3 +33,7 @@ if __name__ == "__main__":
     out = Path(__file__).with_name("cupy_names.json")
     out.write_text(json.dumps(names, indent=0) + "\n")
     print(f"wrote {out} (CuPy {cupy.__version__})")
+
+
+if __name__ == "__main__":
+    main()
