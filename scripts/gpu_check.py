@@ -4,6 +4,8 @@
     python scripts/gpu_check.py --quick          # the same with fewer steps and no benchmark
     python scripts/gpu_check.py --stand-in       # the CPU-side parts, on the tests' CuPy stand-in (CI)
     python scripts/gpu_check.py --only train,launch
+    python scripts/gpu_check.py --budget 500 --out results/ --notebooks T01,T03 --bench-against eager,sdpa
+                                                 # a lent GPU's session: stop in time, keep every output
 
 It prints one line per check — `PASS name: detail`, `FAIL name: reason` or `SKIP name: reason` —
 and exits 1 when any check failed. The checks:
@@ -54,9 +56,36 @@ def env_for(device: str, stand_in: bool) -> dict:
     return {**os.environ, "XTRAIN_DEVICE": device}
 
 
+DEADLINE = [float("inf")]  # perf_counter time after which nothing new starts (--budget)
+OUT_DIR: list[Path] = []  # --out: every command's full output is kept there
+
+
+class OutOfBudget(Exception):
+    """--budget ran out before this command could start."""
+
+
+def remaining() -> float:
+    return DEADLINE[0] - time.perf_counter()
+
+
 def run(cmd, env, timeout=1800) -> subprocess.CompletedProcess:
-    return subprocess.run([str(c) for c in cmd], env=env, capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO)
+    timeout = min(timeout, remaining())
+    if timeout < 5:
+        raise OutOfBudget(f"--budget ran out before: {' '.join(str(c) for c in cmd[-6:])}")
+    try:
+        p = subprocess.run([str(c) for c in cmd], env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    except subprocess.TimeoutExpired as e:
+        _log(cmd, f"timed out after {timeout:.0f} s", e.stdout, e.stderr)
+        raise
+    _log(cmd, f"exit {p.returncode}", p.stdout, p.stderr)
+    return p
+
+
+def _log(cmd, status, stdout, stderr) -> None:
+    if OUT_DIR:
+        text = "".join(x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (stdout, stderr))
+        with open(OUT_DIR[0] / "commands.log", "a") as f:
+            f.write(f"$ {' '.join(str(c) for c in cmd)}\n({status})\n{text}\n")
 
 
 def xtrain(*args, env, timeout=1800):
@@ -72,8 +101,9 @@ def tail(p: subprocess.CompletedProcess) -> str:
 def check_gpu_tests(args, work):
     if args.stand_in:
         return "SKIP", "needs a real GPU (the tests skip on the stand-in)"
-    p = run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"],
-            env_for("cuda", False))
+    # no nbval options (`-o addopts=`): a GPU machine may have pytest without the notebook plugins
+    p = run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
+             "--continue-on-collection-errors", "--durations=5", "tests"], env_for("cuda", False), timeout=args.step_timeout)
     summary = tail(p)
     if p.returncode != 0 or "skipped" in summary and "passed" not in summary:
         return "FAIL", summary
@@ -85,25 +115,32 @@ def check_notebooks(args, work):
     from nbclient import NotebookClient  # noqa: PLC0415
 
     paths = sorted((REPO / "solutions").glob("T*.ipynb"))
-    if args.quick:
-        paths = [p for p in paths if p.stem.split("_")[0] in ("T01", "T05", "T06", "T12")]
+    chosen = args.notebooks.split(",") if args.notebooks else ["T01", "T05", "T06", "T12"] if args.quick else []
+    if chosen:
+        paths = [p for p in paths if p.stem.split("_")[0] in chosen]
     slow = []
     for path in paths:
+        if remaining() < 60:
+            return "FAIL" if not slow else "PASS", f"--budget ran out after {len(slow)} of {len(paths)} notebooks"
         nb = nbformat.read(path, as_version=4)
         t0 = time.perf_counter()
         try:
-            NotebookClient(nb, timeout=900, kernel_name="python3",
+            NotebookClient(nb, timeout=int(min(900, remaining())), kernel_name="python3",
                            resources={"metadata": {"path": str(path.parent)}}).execute(
                 env=env_for("cuda", args.stand_in))
         except Exception as e:  # noqa: BLE001 - report the first failing notebook, with its cell
             return "FAIL", f"{path.name}: {str(e).strip().splitlines()[-1][:300]}"
+        finally:
+            if OUT_DIR:
+                nbformat.write(nb, OUT_DIR[0] / path.name)
         slow.append((time.perf_counter() - t0, path.stem))
+        print(f"       {path.stem}: {slow[-1][0]:.0f} s", flush=True)
     worst = max(slow)
     return "PASS", f"{len(paths)} notebooks ran to the end on cuda (slowest: {worst[1]}, {worst[0]:.0f} s)"
 
 
 def train_flags(args):
-    steps = "40" if args.quick or args.stand_in else "200"
+    steps = str(args.train_steps or (40 if args.quick or args.stand_in else 200))
     small = ["--preset", "test", "--vocab-size", "512", "--batch-size", "8", "--seq-len", "32"] if args.stand_in else []
     return [*small, "--steps", steps, "--eval-every", steps, "--eval-batches", "4", "--sample-every", "0",
             "--checkpoint-every", "0", "--no-progress", "--no-hf-check", "--seed", "0"]
@@ -116,21 +153,26 @@ def final_losses(out: Path) -> tuple[float, float]:
 
 
 def check_train(args, work):
-    lines = []
-    for dtype in ("float32", "bf16", "fp16"):
+    lines, failed = [], []
+    for dtype in ("float32", "bf16", "fp16"):  # every dtype, whichever fails
         got = {}
         for device in ("cpu", "cuda"):
             out = work / f"train-{dtype}-{device}"
             p = xtrain("train", "--device", device, "--dtype", dtype, "--out", out, *train_flags(args),
                        env=env_for(device, args.stand_in))
             if p.returncode != 0:
-                return "FAIL", f"{dtype} on {device}: {tail(p)}"
+                failed.append(f"{dtype} on {device}: {tail(p)}")
+                break
             got[device] = final_losses(out)
+        if len(got) < 2:
+            continue
         d = max(abs(a - b) for a, b in zip(got["cpu"], got["cuda"]))
         lines.append(f"{dtype} |Δloss| {d:.3f}")
         if not d <= TRAIN_BOUND:
-            return "FAIL", f"{dtype}: final train/val losses {got['cuda']} on cuda vs {got['cpu']} on the CPU " \
-                           f"differ by {d:.3f} > {TRAIN_BOUND}"
+            failed.append(f"{dtype}: final train/val losses {got['cuda']} on cuda vs {got['cpu']} on the CPU "
+                          f"differ by {d:.3f} > {TRAIN_BOUND}")
+    if failed:
+        return "FAIL", "; ".join(failed + lines)
     return "PASS", f"final losses within {TRAIN_BOUND} of the CPU run: " + ", ".join(lines)
 
 
@@ -149,17 +191,18 @@ def check_bench(args, work):
         return "SKIP", "no GPU to time (the stand-in is NumPy on the CPU)"
     if args.quick:
         return "SKIP", "--quick"
-    results = []
-    for name, shape in BENCH_SHAPES.items():
-        for dtype, against in (("float32", "eager,sdpa,compile"), ("bf16", "amp")):
+    results, failed = [], []
+    for name, shape in BENCH_SHAPES.items():  # every shape and dtype, whichever fails
+        for dtype, against in (("float32", args.bench_against), ("bf16", "amp")):
             p = xtrain("bench", "train", "--device", "cuda", "--dtype", dtype, "--against", against, "--steps", "6",
-                       "--rounds", "3", *shape, env=env_for("cuda", False), timeout=3000)
+                       "--rounds", "3", *shape, env=env_for("cuda", False), timeout=args.step_timeout)
             if p.returncode != 0:
-                return "FAIL", f"{name} {dtype}: {tail(p)}"
+                failed.append(f"{name} {dtype}: {tail(p)}")
+                continue
             results.append(f"{name} {dtype}: {tail(p)}")
             print(f"       {name} {dtype}:\n" + "\n".join("         " + ln for ln in p.stdout.strip().splitlines()),
                   flush=True)
-    return "PASS", "; ".join(results)
+    return ("FAIL" if failed else "PASS"), "; ".join(failed + results)
 
 
 def main(argv=None) -> int:
@@ -168,7 +211,20 @@ def main(argv=None) -> int:
     ap.add_argument("--stand-in", action="store_true", help="run on the CPU with the stand-in for CuPy (runtime/cupy_standin; CI)")
     ap.add_argument("--quick", action="store_true", help="fewer steps and notebooks, no benchmark")
     ap.add_argument("--only", default="", help=f"comma-separated subset of {','.join(CHECKS)}")
+    ap.add_argument("--notebooks", default="", help="comma-separated phases to execute (default: all; --quick: 4)")
+    ap.add_argument("--train-steps", type=int, default=0, help="steps of each train run (default 200; --quick 40)")
+    ap.add_argument("--bench-against", default="eager,sdpa,compile",
+                    help="torch twins of the float32 bench (bf16 runs against amp)")
+    ap.add_argument("--budget", type=float, default=0,
+                    help="seconds: start nothing after this, report what ran (a lent GPU's session)")
+    ap.add_argument("--step-timeout", type=float, default=1800, help="seconds for the test run and each bench run")
+    ap.add_argument("--out", type=Path, help="a folder for every command's full output and the executed notebooks")
     args = ap.parse_args(argv)
+    if args.budget:
+        DEADLINE[0] = time.perf_counter() + args.budget
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        OUT_DIR.append(args.out)
     chosen = [c.strip() for c in args.only.split(",") if c.strip()] or list(CHECKS)
     unknown = sorted(set(chosen) - set(CHECKS))
     if unknown:
@@ -187,6 +243,8 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             try:
                 status, detail = globals()[f"check_{name.replace('-', '_')}"](args, Path(tmp))
+            except OutOfBudget as e:
+                status, detail = "SKIP", str(e)
             except Exception as e:  # noqa: BLE001 - one line per check, whatever happens
                 status, detail = "FAIL", f"{type(e).__name__}: {e}"
             failed |= status == "FAIL"
