@@ -8,10 +8,11 @@
 #   pip download --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 ... \
 #       -d .whl nbclient nbformat ipykernel      (then drop what the machine has: packaging, psutil, ...)
 # Every output lands in OUT_DIR: env.txt, gpu_check.txt (one line per check, the bench tables),
-# r/commands.log (each command's full output) and r/T*.ipynb (the notebooks as executed on the GPU).
+# r/commands.log (each command's full output), r/train_metrics.jsonl (every step of the train runs) and
+# r/T07*.ipynb, r/T12*.ipynb (the notebooks as executed on the GPU).
 set -uo pipefail
 out=${1:?usage: gpu_lease.sh OUT_DIR [BUDGET_SECONDS]}
-budget=${2:-540}
+budget=${2:-560}
 export PYTHONUNBUFFERED=1
 if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -24,4 +25,4 @@ fi
     nproc; uptime
 } > "$out/env.txt" 2>&1
 python3 scripts/gpu_check.py --only gpu-tests,bench,train,launch,notebooks --budget "$budget" --out "$out/r" \
-    --step-timeout 150 --notebooks T01,T03,T07,T12 --train-steps 40 --bench-against eager,sdpa 2>&1 | tee "$out/gpu_check.txt"
+    --step-timeout 150 --notebooks T01,T03,T07,T12,rest --notebooks-kept T07,T12 --train-steps 15 --bench-against eager,sdpa 2>&1 | tee "$out/gpu_check.txt"

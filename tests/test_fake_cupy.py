@@ -303,16 +303,25 @@ def test_device_calls_are_counted_and_views_are_not(gpu):
     assert b.shape == (3, 6) and s.shape == (6,) and m.shape == (4, 4)
 
 
-def test_a_bf16_product_is_bf16_as_in_cupy(gpu):
-    """cuBLAS multiplies bfloat16 operands with float32 accumulation and returns bfloat16 (NumPy
-    with ml_dtypes would return float32): the stand-in rounds the float32 product once."""
+def test_a_bf16_product_fails_as_in_cupy_and_gpu_blas_makes_it(gpu):
+    """CuPy 14.2 has no bfloat16 product (on an H100: `TypeError: data type 'E' not understood`
+    from matmul); the stand-in refuses one the same way, and runtime/gpu_blas.matmul computes it
+    as a bf16 GEMM with float32 accumulation does: the float32 product, rounded to bf16 once."""
     import ml_dtypes  # noqa: PLC0415
+
+    from xtrain_lessons.runtime import gpu_blas  # noqa: PLC0415
 
     rng = np.random.default_rng(0)
     x, w = (rng.standard_normal(s).astype(ml_dtypes.bfloat16) for s in ((5, 7), (7, 3)))
-    y = gpu.asarray(x) @ gpu.asarray(w)
+    for product in (lambda a, b: a @ b, gpu.matmul, gpu.dot, lambda a, b: gpu.einsum("ij,jk->ik", a, b)):
+        with pytest.raises(TypeError, match="data type 'E' not understood"):
+            product(gpu.asarray(x), gpu.asarray(w))
+    y = gpu_blas.matmul(gpu.asarray(x), gpu.asarray(w))
     want = (x.astype(np.float32) @ w.astype(np.float32)).astype(ml_dtypes.bfloat16)
     assert y.dtype == ml_dtypes.bfloat16 and np.array_equal(y.get().view(np.uint16), want.view(np.uint16))
+    out = gpu.empty((5, 3), np.float32)  # a float32 destination keeps the float32 product
+    gpu_blas.matmul(gpu.asarray(x), gpu.asarray(w), out)
+    np.testing.assert_array_equal(out.get(), x.astype(np.float32) @ w.astype(np.float32))
 
 
 def test_a_host_scalar_meets_a_device_tensor(gpu):

@@ -42,12 +42,13 @@ requires_gpu = pytest.mark.skipif(not device.gpu_available(), reason="needs CuPy
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("dtype", ["float32", "bf16"])
+@pytest.mark.parametrize("dtype", ["float32", "bf16", "fp16"])
 def test_a_gpu_step_matches_the_cpu_step(dtype):
     """One forward + backward of the tiny model on the GPU (cuBLAS, the course's kernels) and on
     the CPU from the same weights and batch: the loss within the rounding of the dtype (float32:
     1e-5 relative, as two float32 implementations of a 4-layer model agree; bf16: 2^-6, a few bf16
-    roundings of the logits), every gradient within 1e-3 (float32) / 5e-2 (bf16) of its norm."""
+    roundings of the logits; fp16 the same), every gradient within 1e-3 (float32) / 5e-2 (bf16,
+    fp16) of its norm."""
     from xtrain_lessons.model.qwen3 import Model  # noqa: PLC0415
 
     config = PRESETS["tiny"].replace(vocab_size=2048)
@@ -66,3 +67,28 @@ def test_a_gpu_step_matches_the_cpu_step(dtype):
     tol = 1e-3 if dtype == "float32" else 5e-2
     for k in g_cpu:
         assert np.linalg.norm(g_gpu[k] - g_cpu[k]) <= tol * np.linalg.norm(g_cpu[k]), k
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_bf16_products_on_the_device():
+    """runtime/gpu_blas.matmul on real CuPy (which has no bf16 product of its own): 2-D, stacked,
+    and transposed views, as the engine calls it; the result is the float32 product of the bf16
+    values rounded to bf16 once, within float32 summation order (1 bf16 ulp)."""
+    import ml_dtypes  # noqa: PLC0415
+
+    from xtrain_lessons.runtime import gpu_blas  # noqa: PLC0415
+
+    cp = device.import_cupy()
+    rng = np.random.default_rng(0)
+    bf = ml_dtypes.bfloat16
+    cases = [((64, 96), (96, 80), False), ((4, 3, 33, 16), (4, 3, 16, 40), False), ((50, 96), (80, 96), True)]
+    for sa, sb, b_transposed in cases:
+        a, b = rng.standard_normal(sa).astype(bf), rng.standard_normal(sb).astype(bf)
+        db = cp.asarray(b)
+        got = gpu_blas.matmul(cp.asarray(a), db.swapaxes(-1, -2) if b_transposed else db)
+        b32 = b.astype(np.float32)
+        want = a.astype(np.float32) @ (b32.swapaxes(-1, -2) if b_transposed else b32)
+        assert got.dtype == bf and got.shape == want.shape
+        err = np.abs(cp.asnumpy(got).astype(np.float32) - want)
+        assert np.all(err <= 2.0 ** -7 * np.abs(want) + 1e-6), (sa, sb, float(err.max()))

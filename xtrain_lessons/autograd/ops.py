@@ -50,6 +50,7 @@ import operator
 import numpy as np
 
 from xtrain_lessons.autograd.tensor import Tensor, as_tensor, make_node
+from xtrain_lessons.runtime import gpu_blas
 from xtrain_lessons.runtime.allocator import empty as _empty  # np.empty, or the engine allocator's (T11)
 from xtrain_lessons.runtime.cpu_threads import get_threads, grid, map_rows
 from xtrain_lessons.runtime.cpu_threads import matmul as _rows_matmul
@@ -352,7 +353,7 @@ def _mm(x, y):
     the batch writing into a preallocated output. CuPy (cuBLAS) takes x @ y directly.
     """
     if on_gpu(x):
-        return x @ y
+        return gpu_blas.matmul(x, y)
     if y.ndim == 2:  # (..., M, K) @ (K, N): one GEMM of (prod(...) * M, K) @ (K, N)
         return _rows_matmul(x.reshape(-1, x.shape[-1]), y).reshape(x.shape[:-1] + (y.shape[-1],))
     if x.shape[:-2] == y.shape[:-2]:

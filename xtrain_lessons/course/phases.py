@@ -177,8 +177,9 @@ RUNS_WHERE: list[tuple[str, str, str]] = [
     ("float32", "real: NumPy float32, matmuls through MKL or OpenBLAS",
      "real: CuPy float32, matmuls through cuBLAS"),
     ("bf16", "real bf16 storage (ml_dtypes), float32 arithmetic: the values and rounding of bf16, not its speed",
-     "real bf16 arrays (CuPy 14 + ml_dtypes); cuBLAS matmuls on bf16 operands with float32 accumulation "
-     "(tensor cores), the course's kernels compute in float32 inside"),
+     "real bf16 arrays (CuPy 14 + ml_dtypes); products on bf16 values with float32 accumulation, widened "
+     "to float32 for cuBLAS (CuPy has no bf16 product: float32's speed), the course's kernels compute in "
+     "float32 inside"),
     ("fp16", "real float16 storage, float32 arithmetic, dynamic loss scaling",
      "real float16 storage; cuBLAS matmuls on float16 operands with float32 accumulation, loss scaling"),
     ("CUDA C kernels", "the same .cu source compiled by the C++ compiler and run on the emulator: "

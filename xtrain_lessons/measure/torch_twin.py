@@ -52,7 +52,7 @@ def torch_model(c, torch, attention: str = "composed"):
     def composed(q, k, v):
         T = q.shape[-2]
         s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+        mask = torch.ones(T, T, dtype=torch.bool, device=s.device).triu(1)
         return torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1) @ v
 
     def sdpa(q, k, v):

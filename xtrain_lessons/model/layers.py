@@ -33,6 +33,7 @@ from xtrain_lessons.runtime.allocator import empty  # np.empty, or the engine al
 from xtrain_lessons.runtime.cpu_threads import map_rows
 from xtrain_lessons.runtime import fused
 from xtrain_lessons.runtime.device import array_module, on_gpu
+from xtrain_lessons.runtime.gpu_blas import array_matmul
 
 __all__ = ["linear", "linear_cross_entropy", "rope", "causal_attention", "square_attention", "swiglu",
            "rope_tables", "rotate_half", "attention_fwd"]
@@ -169,7 +170,7 @@ def _linear_cross_entropy_gpu(x: Tensor, w: Tensor, targets, ignore_index: int) 
     t_host, n_valid = _host_targets(targets, x.shape[:-1], V, ignore_index)
     t = xp.asarray(t_host)  # one copy to the device
     inv_count = np.float32(1.0 / n_valid) if n_valid else np.float32(np.nan)  # no valid target: nan, as torch
-    buf = x2 @ w.data.T  # (N, V) logits, then exp, then the gradient
+    buf = array_matmul(x2, w.data.T)  # (N, V) logits, then exp, then the gradient
     s, lse, losses = (xp.empty(N, dtype=np.float32) for _ in range(3))
     fused.cross_entropy_fwd(buf, t, s, lse, losses, ignore_index)
     loss = xp.empty((), dtype=np.float32)
@@ -182,8 +183,8 @@ def _linear_cross_entropy_gpu(x: Tensor, w: Tensor, targets, ignore_index: int) 
             raise RuntimeError("linear_cross_entropy: backward ran twice (its buffer is reused in place)")
         b = held.pop("buf")
         fused.cross_entropy_bwd(b, s, t, g.astype(np.float32, copy=False), inv_count, ignore_index)
-        gx = (b @ w.data).reshape(x.shape) if x.requires_grad else None
-        gw = b.T @ x2 if w.requires_grad else None
+        gx = array_matmul(b, w.data).reshape(x.shape) if x.requires_grad else None
+        gw = array_matmul(b.T, x2) if w.requires_grad else None
         return gx, gw
 
     return make_node(loss, (x, w), backward, "linear_cross_entropy")
@@ -332,7 +333,7 @@ def attention_fwd(q, k, v):
 
     def batch_rows(lo, hi):  # sequences lo..hi-1: scores, softmax, weighted sum
         s = p[lo:hi]
-        xp.matmul(qh[lo:hi], causal_blocks.keys_t(k[lo:hi]), out=s)  # (b, Hkv, G*Tq, Tk)
+        array_matmul(qh[lo:hi], causal_blocks.keys_t(k[lo:hi]), out=s)  # (b, Hkv, G*Tq, Tk)
         if use_kernels:  # scale, mask, max, exp, normalise: one pass per row (C++, or one GPU launch)
             fused.causal_softmax_fwd(s, Tq, scale)
         else:
@@ -341,7 +342,7 @@ def attention_fwd(q, k, v):
             s -= s.max(axis=-1, keepdims=True)  # max subtraction: exp never overflows
             xp.exp(s, out=s)
             s /= s.sum(axis=-1, keepdims=True)
-        _from_heads_into(out[lo:hi], xp.matmul(s, vh[lo:hi]))
+        _from_heads_into(out[lo:hi], array_matmul(s, vh[lo:hi]))
 
     # the layout copies (keys transposed, heads back to (B, T, H, D)) happen inside the
     # per-sequence blocks too: on every thread, while the block is in cache

@@ -356,9 +356,19 @@ def _advanced(key) -> bool:
     return any(isinstance(k, (ndarray, np.ndarray, list)) or (isinstance(k, (bool, np.bool_))) for k in keys)
 
 
+def _refuse_bf16(name, *arrays) -> None:
+    """CuPy 14.2's matmul, dot, tensordot and einsum take bfloat16 for an integer type and fail
+    (seen on an H100: `TypeError: data type 'E' not understood`, from _integral_tensordot_core):
+    its bfloat16 support stores, casts and runs elementwise kernels, but has no product."""
+    if any(getattr(x, "dtype", None) is not None and np.dtype(x.dtype).char == "E" for x in arrays):
+        raise TypeError(f"data type 'E' not understood (cupy.{name} of a bfloat16 array: CuPy has no "
+                        "bfloat16 product)")
+
+
 def _matmul(a, b, out=None):
-    """cuBLAS's product: float32 accumulation, the result in the operands' dtype (NumPy with
-    ml_dtypes gives float32 for bfloat16 operands; CuPy gives bfloat16)."""
+    """cuBLAS's product: float32 accumulation, the result in the operands' dtype (float16); no
+    bfloat16 (see _refuse_bf16)."""
+    _refuse_bf16("matmul", a, b, out)
     want = np.result_type(a, b)
     if want.itemsize < 4 and want.kind in "fV":  # float16 / bfloat16: NumPy has no BLAS for them;
         a, b = a.astype(np.float32), b.astype(np.float32)  # cuBLAS accumulates in float32 anyway
@@ -475,6 +485,8 @@ def _function(name, f):
     host_ok = name in _CONVERTERS
 
     def run(*args, **kwargs):
+        if name in ("dot", "tensordot", "einsum", "inner", "vdot"):
+            _refuse_bf16(name, *args, *kwargs.values())
         res = (_matmul if name == "matmul" else f)(*_unwrap(args, host_ok),
                                                    **{k: _unwrap(v, host_ok) for k, v in kwargs.items()})
         if host_ok:

@@ -90,11 +90,14 @@ __global__ void rmsnorm_bwd(const Y* __restrict__ g, const Y* __restrict__ xhat,
         const Y* gr = g + (long long)row * D;
         const Y* hr = xhat + (long long)row * D;
         float dot = 0.0f;
+        // explicit roundings (__fmul_rn, __fadd_rn are never contracted into an FMA): nvcc may
+        // contract a*b + c differently in the loop it specialises for each flag; this way gx has
+        // the same bits with or without gw, and on the GPU as on the emulator
         for (int i = threadIdx.x; i < D; i += blockDim.x) {
             float gi = to_float(gr[i]), hi = to_float(hr[i]);
-            if (want_gw) acc[i] += gi * hi;
-            float gh = has_w ? gi * w[i] : gi;
-            dot += gh * hi;
+            if (want_gw) acc[i] = __fadd_rn(acc[i], __fmul_rn(gi, hi));
+            float gh = has_w ? __fmul_rn(gi, w[i]) : gi;
+            dot = __fadd_rn(dot, __fmul_rn(gh, hi));
         }
         if (!want_gx) continue;  // the same for every thread of the block: no divergent barrier
         dot = block_sum(dot) * inv_d;
@@ -102,8 +105,8 @@ __global__ void rmsnorm_bwd(const Y* __restrict__ g, const Y* __restrict__ xhat,
         X* o = gx + (long long)row * D;
         for (int i = threadIdx.x; i < D; i += blockDim.x) {
             float gi = to_float(gr[i]), hi = to_float(hr[i]);
-            float gh = has_w ? gi * w[i] : gi;
-            o[i] = from_float<X>((gh - hi * dot) * rr);
+            float gh = has_w ? __fmul_rn(gi, w[i]) : gi;
+            o[i] = from_float<X>(__fmul_rn(__fsub_rn(gh, __fmul_rn(hi, dot)), rr));
         }
     }
     if (want_gw)

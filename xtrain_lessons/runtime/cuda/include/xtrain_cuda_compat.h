@@ -94,6 +94,7 @@ inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float __saturatef(float x) { return fminf(fmaxf(x, 0.0f), 1.0f); }
 inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline int __float2int_rn(float x) { return (int)nearbyintf(x); }
 inline int __float2int_rz(float x) { return (int)x; }
