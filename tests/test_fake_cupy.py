@@ -303,22 +303,29 @@ def test_device_calls_are_counted_and_views_are_not(gpu):
     assert b.shape == (3, 6) and s.shape == (6,) and m.shape == (4, 4)
 
 
-def test_a_bf16_product_fails_as_in_cupy_and_gpu_blas_makes_it(gpu):
-    """CuPy 14.2 has no bfloat16 product (on an H100: `TypeError: data type 'E' not understood`
-    from matmul); the stand-in refuses one the same way, and runtime/gpu_blas.matmul computes it
-    as a bf16 GEMM with float32 accumulation does: the float32 product, rounded to bf16 once."""
+def test_bf16_products_as_in_cupy_and_through_gpu_blas(gpu):
+    """CuPy 14.2 (seen on an H100) multiplies 2-D bfloat16 matrices with cuBLAS (float32
+    accumulation, a bf16 result) but fails on a stacked (ndim > 2) bf16 matmul with
+    `TypeError: data type 'E' not understood`; the stand-in does both the same way, and
+    runtime/gpu_blas.matmul makes the stacked one as a bf16 GEMM would: the float32 product, rounded
+    to bf16 once."""
     import ml_dtypes  # noqa: PLC0415
 
     from xtrain_lessons.runtime import gpu_blas  # noqa: PLC0415
 
+    bf = ml_dtypes.bfloat16
     rng = np.random.default_rng(0)
-    x, w = (rng.standard_normal(s).astype(ml_dtypes.bfloat16) for s in ((5, 7), (7, 3)))
-    for product in (lambda a, b: a @ b, gpu.matmul, gpu.dot, lambda a, b: gpu.einsum("ij,jk->ik", a, b)):
+    x, w = (rng.standard_normal(s).astype(bf) for s in ((5, 7), (7, 3)))
+    want = (x.astype(np.float32) @ w.astype(np.float32)).astype(bf)
+    for y in (gpu.asarray(x) @ gpu.asarray(w), gpu_blas.matmul(gpu.asarray(x), gpu.asarray(w))):
+        assert y.dtype == bf and np.array_equal(y.get().view(np.uint16), want.view(np.uint16))
+    xs, ws = (rng.standard_normal(s).astype(bf) for s in ((2, 5, 7), (2, 7, 3)))
+    for product in (lambda a, b: a @ b, gpu.matmul):
         with pytest.raises(TypeError, match="data type 'E' not understood"):
-            product(gpu.asarray(x), gpu.asarray(w))
-    y = gpu_blas.matmul(gpu.asarray(x), gpu.asarray(w))
-    want = (x.astype(np.float32) @ w.astype(np.float32)).astype(ml_dtypes.bfloat16)
-    assert y.dtype == ml_dtypes.bfloat16 and np.array_equal(y.get().view(np.uint16), want.view(np.uint16))
+            product(gpu.asarray(xs), gpu.asarray(ws))
+    ys = gpu_blas.matmul(gpu.asarray(xs), gpu.asarray(ws))
+    want_s = (xs.astype(np.float32) @ ws.astype(np.float32)).astype(bf)
+    assert ys.dtype == bf and np.array_equal(ys.get().view(np.uint16), want_s.view(np.uint16))
     out = gpu.empty((5, 3), np.float32)  # a float32 destination keeps the float32 product
     gpu_blas.matmul(gpu.asarray(x), gpu.asarray(w), out)
     np.testing.assert_array_equal(out.get(), x.astype(np.float32) @ w.astype(np.float32))

@@ -73,9 +73,9 @@ def test_a_gpu_step_matches_the_cpu_step(dtype):
 @pytest.mark.gpu
 @requires_gpu
 def test_bf16_products_on_the_device():
-    """runtime/gpu_blas.matmul on real CuPy (which has no bf16 product of its own): 2-D, stacked,
-    and transposed views, as the engine calls it; the result is the float32 product of the bf16
-    values rounded to bf16 once, within float32 summation order (1 bf16 ulp)."""
+    """runtime/gpu_blas.matmul on real CuPy (2-D bf16: CuPy's own cuBLAS call; stacked: widened to
+    float32): 2-D, stacked and transposed views, as the engine calls it; the result is the float32
+    product of the bf16 values rounded to bf16 once, within float32 summation order (1 bf16 ulp)."""
     import ml_dtypes  # noqa: PLC0415
 
     from xtrain_lessons.runtime import gpu_blas  # noqa: PLC0415

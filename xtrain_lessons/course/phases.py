@@ -128,7 +128,8 @@ TABLE: list[Phase] = [
           ["runtime/allocator.py", "measure/memory_report.py"], ["test_memory.py"], reference="2.3×"),
     Phase("T12", "bf16", "bf16 mixed precision",
           "fp32 master weights, bf16 compute, round-to-nearest-even, what stays fp32, fp16 with loss scaling",
-          ["model/precision.py", "runtime/kernels/bf16.py", "training/grad_scaler.py", "runtime/kernels/grad_scaler.py"],
+          ["model/precision.py", "runtime/kernels/bf16.py", "training/grad_scaler.py", "runtime/kernels/grad_scaler.py",
+           "runtime/gpu_blas.py"],
           ["test_amp.py", "test_kernels_bf16.py", "test_grad_scaler.py"], reference="29% less memory"),
     Phase("T13", "recompute", "Activation recompute",
           "keep a block's input, recompute its inside in backward; bit-identical gradients",
@@ -172,15 +173,15 @@ PHASES = {p.id: (p.topic, p.modules, p.tests) for p in TABLE}
 # ---- what runs where ----------------------------------------------------------------------------
 # (what, on the CPU (NumPy), on a GPU (CuPy)). The GPU column is the engine's target while the GPU
 # path is being built (update it here when it lands).
-GPU_STATUS = ("run on one H100 (November 2026): float32 1.11-1.15x torch eager; bf16 products widened to "
-              "float32 (CuPy has no bf16 matmul): 0.19-0.81x torch autocast")
+GPU_STATUS = ("run on one H100 (November 2026): float32 1.11-1.15x torch eager; bf16 0.19-0.81x torch "
+              "autocast with every product widened to float32 (2-D ones now on the tensor cores: not yet timed)")
 RUNS_WHERE: list[tuple[str, str, str]] = [
     ("float32", "real: NumPy float32, matmuls through MKL or OpenBLAS",
      "real: CuPy float32, matmuls through cuBLAS"),
     ("bf16", "real bf16 storage (ml_dtypes), float32 arithmetic: the values and rounding of bf16, not its speed",
-     "real bf16 arrays (CuPy 14 + ml_dtypes); products on bf16 values with float32 accumulation, widened "
-     "to float32 for cuBLAS (CuPy has no bf16 product: float32's speed), the course's kernels compute in "
-     "float32 inside"),
+     "real bf16 arrays (CuPy 14 + ml_dtypes); 2-D products on the tensor cores (cuBLAS, float32 "
+     "accumulation), attention's stacked products widened to float32 (CuPy's batched matmul has no bf16), "
+     "the course's kernels compute in float32 inside"),
     ("fp16", "real float16 storage, float32 arithmetic, dynamic loss scaling",
      "real float16 storage; cuBLAS matmuls on float16 operands with float32 accumulation, loss scaling"),
     ("CUDA C kernels", "the same .cu source compiled by the C++ compiler and run on the emulator: "

@@ -10,9 +10,10 @@ compile, and amp = sdpa under autocast bf16) run on the same GPU from the same w
 Each stepper runs `--rounds` blocks of 1 untimed + `--steps` timed steps; a block is timed between
 two synchronisations (device.Timer; torch.cuda.synchronize), as a training loop runs between two
 logging points, and the per-step time is the block's over its steps: launches overlap the GPU's
-work, which is the point. The median over rounds is reported, with the host's time to enqueue a
-step: about the step's time when it is launch-bound (what a CUDA graph would remove), well under
-it when the GPU is the bottleneck.
+work, which is the point. The median over rounds is reported, with the host's time to issue one
+step into an idle device (the untimed step, right after a synchronisation): about the step's time
+when it is launch-bound (what a CUDA graph would remove), well under it when the GPU is the
+bottleneck.
 
 MFU is against the GPU's measured matmul peak of the compute dtype (a large float32, or bf16 /
 fp16, cuBLAS product through CuPy; float32 without TF32, CuPy's default): the FLOPs the model needs
@@ -96,10 +97,12 @@ def _torch_cuda():
 
 
 def _timed_blocks(steppers: dict, batches: list, rounds: int, steps: int, torch) -> tuple[dict, dict]:
-    """(name -> per-step seconds of each round's block, name -> the host's seconds per step to
-    enqueue it): 1 untimed step, then `steps` timed ones between two synchronisations of the device.
-    A step whose host time is about its block time is launch-bound (the GPU waits for the Python
-    side: what a CUDA graph removes); one whose host time is well below is GPU-bound."""
+    """(name -> per-step seconds of each round's block, name -> the host's seconds to issue one step
+    into an idle device): 1 untimed step, then `steps` timed ones between two synchronisations.
+    The untimed step follows a synchronisation, so nothing holds the host back while it issues the
+    work: about the step's time when the step is launch-bound (what a CUDA graph removes), well under
+    it when the GPU is the bottleneck. (The timed steps' own host times say nothing: once the
+    device's queue of launches is full, the host waits at the GPU's pace either way.)"""
     def sync():
         synchronize()
         if torch is not None:
@@ -110,10 +113,12 @@ def _timed_blocks(steppers: dict, batches: list, rounds: int, steps: int, torch)
     for r in range(rounds):
         block = batches[r * (steps + 1):(r + 1) * (steps + 1)]
         for name, step in steppers.items():
-            step(block[0])
+            sync()
+            host[name].append(step(block[0])[1])
             sync()
             t0 = time.perf_counter()
-            host[name] += [step(b)[1] for b in block[1:]]
+            for b in block[1:]:
+                step(b)
             sync()
             times[name].append((time.perf_counter() - t0) / steps)
     return times, host
@@ -153,7 +158,7 @@ def run_train_bench_gpu(args) -> int:
     tps = {name: B * T / float(np.median(t)) for name, t in times.items()}
     for name, rate in tps.items():
         what = "engine" if name == "engine" else f"torch {name}"
-        print(f"{what}: {B * T / rate * 1e3:.1f} ms/step (host {np.median(host[name]) * 1e3:.1f} ms to enqueue it), "
+        print(f"{what}: {B * T / rate * 1e3:.1f} ms/step (host {np.median(host[name]) * 1e3:.1f} ms to issue one), "
               f"{rate:,.0f} tok/s, MFU {100 * rate * fpt / peak:.1f}%, first loss {first[name]:.4f}")
     ratios = ", ".join(f"{n} {tps['engine'] / tps[n]:.2f}x" for n in steppers if n != "engine") or "n/a"
     print(f"throughput vs torch: {ratios} (engine {tps['engine']:,.0f} tok/s, MFU "

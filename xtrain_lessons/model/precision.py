@@ -28,16 +28,17 @@ fp16 ("fp16", `forward_lowp(model, ids, "fp16")`): the same ops and policy with 
 float16 storage (10 mantissa bits, range 6e-8 .. 65504): an activation above 65504 becomes
 inf, a gradient below 2^-25 becomes 0, hence loss scaling (training/grad_scaler.py).
 
-On a GPU (CuPy, or the tests' stand-in) the arrays are real bfloat16 (`ml_dtypes.bfloat16`,
-CuPy 14) or float16, and the ops are the float32 model's own (`forward_lowp` passes them): the
-fused kernels of runtime/fused.py read and write the low-precision storage with float32
-arithmetic inside, and the products accumulate in float32, rounded once: float16 operands go to
-cuBLAS as they are; bfloat16 ones are widened to float32 first (runtime/gpu_blas.py: CuPy 14.2
-has no bfloat16 product), the same values at float32's speed. Two roundings differ from the CPU's emulation, as
-they do under torch.autocast: the attention scores come out of cuBLAS in bf16 (the softmax then
-runs in float32 in its kernel), and a weight's gradient is a bf16 product widened to the float32
-master. The activation memory is saved as on the CPU. Weight copies are cast by
-kernels/bf16.cu (round to nearest even, bit-identical to ml_dtypes) or CuPy's float16 cast.
+On a GPU (CuPy, or the tests' stand-in) the arrays are real bfloat16 (`ml_dtypes.bfloat16`, CuPy
+14) or float16, and the ops are the float32 model's own (`forward_lowp` passes them): the fused
+kernels of runtime/fused.py read and write the low-precision storage with float32 arithmetic
+inside, and the products accumulate in float32, rounded once: float16 and 2-D bfloat16 operands go
+to cuBLAS as they are (tensor cores); attention's stacked bfloat16 products are widened to float32
+first (runtime/gpu_blas.py: CuPy 14.2's batched matmul has no bfloat16), the same values at
+float32's speed. Two roundings differ from the CPU's emulation, as they do under torch.autocast:
+the attention scores come out of cuBLAS in bf16 (the softmax then runs in float32 in its kernel),
+and a weight's gradient is a bf16 product widened to the float32 master. The activation memory is
+saved as on the CPU. Weight copies are cast by kernels/bf16.cu (round to nearest even, bit-
+identical to ml_dtypes) or CuPy's float16 cast.
 
     from xtrain_lessons.model import precision
     model.compute_dtype = "bf16"      # Model.__call__ / Model.loss now run forward_bf16

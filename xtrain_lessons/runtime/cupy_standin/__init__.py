@@ -13,6 +13,9 @@ It follows CuPy's rules where a NumPy-only program would pass unnoticed:
   allowed. ``a[...] = host_array`` raises ValueError unless the host array is 0-d (CuPy's `fill`).
   ``.get()``, ``cupy.asnumpy``, ``.item()``, ``float()``/``int()``/``bool()``, ``format(a, ".3f")``
   copy to the host and are counted (``stats["host_syncs"]``).
+* no stacked bfloat16 product: a matmul of ``ml_dtypes.bfloat16`` arrays with more than 2
+  dimensions raises CuPy 14.2's TypeError ("data type 'E' not understood", seen on an H100); a 2-D
+  one is cuBLAS's (bf16 result, float32 accumulation). runtime/gpu_blas.py makes the stacked ones.
 * every device call is counted, as a GPU would see it (``stats["device_calls"]`` and, by name,
   ``calls``): operators, ufuncs, functions, reductions and other array methods, copies
   (astype, ascontiguousarray of a strided array, host <-> device), advanced indexing, library
@@ -356,19 +359,19 @@ def _advanced(key) -> bool:
     return any(isinstance(k, (ndarray, np.ndarray, list)) or (isinstance(k, (bool, np.bool_))) for k in keys)
 
 
-def _refuse_bf16(name, *arrays) -> None:
-    """CuPy 14.2's matmul, dot, tensordot and einsum take bfloat16 for an integer type and fail
-    (seen on an H100: `TypeError: data type 'E' not understood`, from _integral_tensordot_core):
-    its bfloat16 support stores, casts and runs elementwise kernels, but has no product."""
-    if any(getattr(x, "dtype", None) is not None and np.dtype(x.dtype).char == "E" for x in arrays):
-        raise TypeError(f"data type 'E' not understood (cupy.{name} of a bfloat16 array: CuPy has no "
-                        "bfloat16 product)")
+def _refuse_bf16_batched(a, b) -> None:
+    """CuPy 14.2 multiplies 2-D bfloat16 matrices (cublasGemmEx, tensor cores) but takes bfloat16
+    for an integer type in its batched matmul (ndim > 2) and fails there (seen on an H100:
+    `TypeError: data type 'E' not understood`, from _integral_tensordot_core_strided_batched)."""
+    if max(a.ndim, b.ndim) > 2 and any(np.dtype(x.dtype).char == "E" for x in (a, b)):
+        raise TypeError("data type 'E' not understood (a stacked matmul of a bfloat16 array: CuPy's batched "
+                        "product has no bfloat16)")
 
 
 def _matmul(a, b, out=None):
-    """cuBLAS's product: float32 accumulation, the result in the operands' dtype (float16); no
-    bfloat16 (see _refuse_bf16)."""
-    _refuse_bf16("matmul", a, b, out)
+    """cuBLAS's product: float32 accumulation, the result in the operands' dtype (NumPy with
+    ml_dtypes gives float32 for bfloat16 operands; CuPy gives bfloat16); 2-D only for bfloat16."""
+    _refuse_bf16_batched(a, b)
     want = np.result_type(a, b)
     if want.itemsize < 4 and want.kind in "fV":  # float16 / bfloat16: NumPy has no BLAS for them;
         a, b = a.astype(np.float32), b.astype(np.float32)  # cuBLAS accumulates in float32 anyway
@@ -485,8 +488,6 @@ def _function(name, f):
     host_ok = name in _CONVERTERS
 
     def run(*args, **kwargs):
-        if name in ("dot", "tensordot", "einsum", "inner", "vdot"):
-            _refuse_bf16(name, *args, *kwargs.values())
         res = (_matmul if name == "matmul" else f)(*_unwrap(args, host_ok),
                                                    **{k: _unwrap(v, host_ok) for k, v in kwargs.items()})
         if host_ok:
