@@ -1,5 +1,12 @@
 """Plausible wrong solutions of T03's exercises (format: tests/test_mutants.py)."""
 
+# the solutions' bodies; each mutant below is one plausible slip in them
+_NAIVE = """
+float acc = 0.0f;
+for (int k = 0; k < K; k++) acc += A[row * K + k] * B[k * N + col];
+C[row * N + col] = acc;
+"""
+
 _TILED = """
 As[ty][tx] = (row < M && k0 + tx < K) ? A[row * K + k0 + tx] : 0.0f;
 Bs[ty][tx] = (k0 + ty < K && col < N) ? B[(k0 + ty) * N + col] : 0.0f;
@@ -10,36 +17,13 @@ __syncthreads();
 
 MUTANTS = {
     "T03.1": {
-        "B indexed as B[col * K + k] (B transposed)": """
-            float acc = 0.0f;
-            for (int k = 0; k < K; k++) acc += A[row * K + k] * B[col * K + k];
-            C[row * N + col] = acc;
-        """,
-        "row stride N for A": """
-            float acc = 0.0f;
-            for (int k = 0; k < K; k++) acc += A[row * N + k] * B[k * N + col];
-            C[row * N + col] = acc;
-        """,
-        "loop stops one short (k < K - 1)": """
-            float acc = 0.0f;
-            for (int k = 0; k < K - 1; k++) acc += A[row * K + k] * B[k * N + col];
-            C[row * N + col] = acc;
-        """,
-        "C written transposed (col * M + row)": """
-            float acc = 0.0f;
-            for (int k = 0; k < K; k++) acc += A[row * K + k] * B[k * N + col];
-            C[col * M + row] = acc;
-        """,
-        "row and col swapped (A[col * K + k], B[k * N + row])": """
-            float acc = 0.0f;
-            for (int k = 0; k < K; k++) acc += A[col * K + k] * B[k * N + row];
-            C[row * N + col] = acc;
-        """,
-        "loop runs one past the end (k <= K)": """
-            float acc = 0.0f;
-            for (int k = 0; k <= K; k++) acc += A[row * K + k] * B[k * N + col];
-            C[row * N + col] = acc;
-        """,
+        "B indexed as B[col * K + k] (B transposed)": _NAIVE.replace("B[k * N + col]", "B[col * K + k]"),
+        "row stride N for A": _NAIVE.replace("A[row * K + k]", "A[row * N + k]"),
+        "loop stops one short (k < K - 1)": _NAIVE.replace("k < K;", "k < K - 1;"),
+        "C written transposed (col * M + row)": _NAIVE.replace("C[row * N + col]", "C[col * M + row]"),
+        "row and col swapped (A[col * K + k], B[k * N + row])":
+            _NAIVE.replace("A[row * K + k] * B[k * N + col]", "A[col * K + k] * B[k * N + row]"),
+        "loop runs one past the end (k <= K)": _NAIVE.replace("k < K;", "k <= K;"),
     },
     "T03.2": {
         "no k < K bounds guard on the tile loads": _TILED.replace(" && k0 + tx < K", "").replace("k0 + ty < K && ", ""),
