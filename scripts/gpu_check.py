@@ -19,6 +19,8 @@ and exits 1 when any check failed. The checks:
   bench       `xtrain bench train --device cuda` at the tiny, 20m and gpt2-small shapes: the
               engine in float32 against torch eager, sdpa and compile, and in bf16 against
               torch autocast bf16 (amp), on the same GPU
+  profile     scripts/gpu_profile.py at the bench's shapes (--profile-dtypes): the step's wall time,
+              the host's time to issue it, the GPU's busy time and the kernels that fill it
 
 `--stand-in` runs the same commands on the CPU with runtime/cupy_standin as CuPy (what CI can do): the
 notebooks, train and launch checks run; gpu-tests and bench are skipped (no GPU to measure).
@@ -40,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 # (float32, bf16, flash, accumulation); twice that is the bound (two float32 implementations
 # drift apart over 200 AdamW steps; a wrong kernel moves the loss by far more)
 TRAIN_BOUND = 0.05
-CHECKS = ("gpu-tests", "notebooks", "train", "launch", "bench")
+CHECKS = ("gpu-tests", "notebooks", "train", "launch", "bench", "profile")
 BENCH_SHAPES = {
     "tiny": ["--preset", "tiny", "--vocab-size", "2048", "--batch-size", "16", "--seq-len", "128"],
     "20m": ["--preset", "20m", "--vocab-size", "8192", "--batch-size", "32", "--seq-len", "512"],
@@ -207,6 +209,8 @@ def check_bench(args, work):
     results, failed = [], []
     for name, shape in BENCH_SHAPES.items():  # every shape and dtype, whichever fails
         for dtype, against in (("float32", args.bench_against), ("bf16", "amp")):
+            if dtype not in args.bench_dtypes.split(","):
+                continue
             p = xtrain("bench", "train", "--device", "cuda", "--dtype", dtype, "--against", against, "--steps", "6",
                        "--rounds", "3", *shape, env=env_for("cuda", False), timeout=args.step_timeout)
             if p.returncode != 0:
@@ -216,6 +220,22 @@ def check_bench(args, work):
             print(f"       {name} {dtype}:\n" + "\n".join("         " + ln for ln in p.stdout.strip().splitlines()),
                   flush=True)
     return ("FAIL" if failed else "PASS"), "; ".join(failed + results)
+
+
+def check_profile(args, work):
+    if args.stand_in:
+        return "SKIP", "no GPU to profile"
+    done, failed = [], []
+    for name, shape in BENCH_SHAPES.items():
+        for dtype in args.profile_dtypes.split(","):
+            p = run([sys.executable, "scripts/gpu_profile.py", "--dtype", dtype, *shape], env_for("cuda", False),
+                    timeout=args.step_timeout)
+            if p.returncode != 0:
+                failed.append(f"{name} {dtype}: {tail(p)}")
+                continue
+            done.append(p.stdout.strip().splitlines()[0])
+            print("\n".join("       " + ln for ln in p.stdout.strip().splitlines()), flush=True)
+    return ("FAIL" if failed else "PASS"), "; ".join(failed + done)
 
 
 def main(argv=None) -> int:
@@ -230,6 +250,8 @@ def main(argv=None) -> int:
     ap.add_argument("--train-steps", type=int, default=0, help="steps of each train run (default 200; --quick 40)")
     ap.add_argument("--bench-against", default="eager,sdpa,compile",
                     help="torch twins of the float32 bench (bf16 runs against amp)")
+    ap.add_argument("--bench-dtypes", default="float32,bf16", help="dtypes the bench times")
+    ap.add_argument("--profile-dtypes", default="bf16,float32", help="dtypes the profile check profiles")
     ap.add_argument("--budget", type=float, default=0,
                     help="seconds: start nothing after this, report what ran (a lent GPU's session)")
     ap.add_argument("--step-timeout", type=float, default=1800, help="seconds for the test run and each bench run")

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check on a lent machine with a time budget (a session's 15 minutes, start included).
 #
-#   bash scripts/gpu_lease.sh OUT_DIR [BUDGET_SECONDS]
+#   bash scripts/gpu_lease.sh OUT_DIR [BUDGET_SECONDS [GPU_CHECK_ARGS...]]
+#
+# Without GPU_CHECK_ARGS it runs the tests, the bench, train, launch and the notebooks; with them,
+# gpu_check.py runs with exactly those (e.g. --only gpu-tests,profile,bench --bench-against eager).
 #
 # The machine has torch, CuPy (CUDA 13), pytest, matplotlib, ml_dtypes, tokenizers and safetensors,
 # but no Jupyter: the notebook stack travels as wheels in .whl/ (ignored by git), made here with
@@ -13,6 +16,11 @@
 set -uo pipefail
 out=${1:?usage: gpu_lease.sh OUT_DIR [BUDGET_SECONDS]}
 budget=${2:-560}
+shift $(( $# < 2 ? $# : 2 ))
+if [ $# -eq 0 ]; then
+    set -- --only gpu-tests,bench,train,launch,notebooks --step-timeout 150 --notebooks T01,T03,T07,T12,rest \
+        --notebooks-kept T07,T12 --train-steps 15 --bench-against eager,sdpa
+fi
 export PYTHONUNBUFFERED=1
 if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -24,5 +32,4 @@ fi
     python3 -c "import sys, cupy, numpy, torch, ml_dtypes; print(sys.version.split()[0], 'cupy', cupy.__version__, 'numpy', numpy.__version__, 'torch', torch.__version__, 'ml_dtypes', ml_dtypes.__version__)"
     nproc; uptime
 } > "$out/env.txt" 2>&1
-python3 scripts/gpu_check.py --only gpu-tests,bench,train,launch,notebooks --budget "$budget" --out "$out/r" \
-    --step-timeout 150 --notebooks T01,T03,T07,T12,rest --notebooks-kept T07,T12 --train-steps 15 --bench-against eager,sdpa 2>&1 | tee "$out/gpu_check.txt"
+python3 scripts/gpu_check.py --budget "$budget" --out "$out/r" "$@" 2>&1 | tee "$out/gpu_check.txt"

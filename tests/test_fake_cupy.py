@@ -307,8 +307,8 @@ def test_bf16_products_as_in_cupy_and_through_gpu_blas(gpu):
     """CuPy 14.2 (seen on an H100) multiplies 2-D bfloat16 matrices with cuBLAS (float32
     accumulation, a bf16 result) but fails on a stacked (ndim > 2) bf16 matmul with
     `TypeError: data type 'E' not understood`; the stand-in does both the same way, and
-    runtime/gpu_blas.matmul makes the stacked one as a bf16 GEMM would: the float32 product, rounded
-    to bf16 once."""
+    runtime/gpu_blas.matmul makes the stacked one with one cublasGemmStridedBatchedEx: the float32
+    product, rounded to bf16 once."""
     import ml_dtypes  # noqa: PLC0415
 
     from xtrain_lessons.runtime import gpu_blas  # noqa: PLC0415
@@ -323,12 +323,93 @@ def test_bf16_products_as_in_cupy_and_through_gpu_blas(gpu):
     for product in (lambda a, b: a @ b, gpu.matmul):
         with pytest.raises(TypeError, match="data type 'E' not understood"):
             product(gpu.asarray(xs), gpu.asarray(ws))
-    ys = gpu_blas.matmul(gpu.asarray(xs), gpu.asarray(ws))
+    dxs, dws = gpu.asarray(xs), gpu.asarray(ws)
+    with gpu.counting() as c:
+        ys = gpu_blas.matmul(dxs, dws)
     want_s = (xs.astype(np.float32) @ ws.astype(np.float32)).astype(bf)
     assert ys.dtype == bf and np.array_equal(ys.get().view(np.uint16), want_s.view(np.uint16))
+    assert dict(c["calls"]) == {"library:gemmStridedBatchedEx": 1}, c["calls"]  # nothing widened
     out = gpu.empty((5, 3), np.float32)  # a float32 destination keeps the float32 product
     gpu_blas.matmul(gpu.asarray(x), gpu.asarray(w), out)
     np.testing.assert_array_equal(out.get(), x.astype(np.float32) @ w.astype(np.float32))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "a transposed", "b transposed", "both transposed",
+                                    "heads view", "broadcast batch", "single matrix", "float32 out",
+                                    "strided out"])
+def test_stacked_bf16_products_in_every_layout_the_engine_makes(gpu, layout):
+    """gpu_blas's column-major mapping (which operand goes first, op N / op T, the leading
+    dimensions, the batch stride) against NumPy on the same bf16 values, bit for bit, through the
+    stand-in's cublasGemmStridedBatchedEx, which reads device memory as cuBLAS does: a wrong
+    leading dimension or stride reads other values (or faults), a wrong op gives another product."""
+    import ml_dtypes  # noqa: PLC0415
+
+    from xtrain_lessons.runtime import gpu_blas  # noqa: PLC0415
+
+    bf = ml_dtypes.bfloat16
+    rng = np.random.default_rng(1)
+
+    def arr(*shape):
+        return rng.standard_normal(shape).astype(bf)
+
+    a, b = arr(2, 3, 5, 7), arr(2, 3, 7, 4)
+    da, db = gpu.asarray(a), gpu.asarray(b)
+    out = None
+    if layout == "a transposed":
+        a = arr(2, 3, 7, 5)
+        da, a = gpu.asarray(a).swapaxes(-1, -2), a.swapaxes(-1, -2)
+    elif layout in ("b transposed", "both transposed"):
+        b = arr(2, 3, 4, 7)
+        db, b = gpu.asarray(b).swapaxes(-1, -2), b.swapaxes(-1, -2)
+        if layout == "both transposed":
+            a = arr(2, 3, 7, 5)
+            da, a = gpu.asarray(a).swapaxes(-1, -2), a.swapaxes(-1, -2)
+    elif layout == "heads view":  # v (B, T, H, D) seen as (B, H, T, D): no single batch stride
+        v = arr(2, 7, 3, 4)
+        db, b = gpu.asarray(v).transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    elif layout == "broadcast batch":
+        b = np.broadcast_to(arr(1, 1, 7, 4), (2, 3, 7, 4))
+        db = gpu.broadcast_to(gpu.asarray(b[:1, :1]), (2, 3, 7, 4))
+    elif layout == "single matrix":
+        a, b = arr(1, 5, 7), arr(1, 7, 4)
+        da, db = gpu.asarray(a), gpu.asarray(b)
+    elif layout == "float32 out":
+        out = gpu.empty((2, 3, 5, 4), np.float32)
+    elif layout == "strided out":
+        out = gpu.empty((2, 3, 5, 8), bf)[..., ::2]
+    want = a.astype(np.float32) @ b.astype(np.float32)
+    got = gpu_blas.matmul(da, db, out)
+    assert got is out or out is None
+    if got.dtype == np.float32:
+        np.testing.assert_array_equal(got.get(), want)
+    else:
+        assert got.dtype == bf and np.array_equal(got.get().view(np.uint16), want.astype(bf).view(np.uint16))
+
+
+def test_the_stand_ins_cublas_checks_what_cublas_checks(gpu):
+    """A leading dimension below the matrix's rows is CUBLAS_STATUS_INVALID_VALUE, and an operand
+    outside every device array (a host buffer, an overrun) an illegal address, as on a GPU."""
+    import ml_dtypes  # noqa: PLC0415
+
+    from xtrain_lessons.runtime import gpu_blas  # noqa: PLC0415
+    from xtrain_lessons.runtime.cupy_standin import cublas  # noqa: PLC0415
+
+    a = gpu.zeros((2, 4, 4), ml_dtypes.bfloat16)
+    one, zero = gpu_blas._ALPHA.ctypes.data, gpu_blas._BETA.ctypes.data
+    args = dict(m=4, n=4, k=4, lda=4, strideA=16, ldb=4, strideB=16, ldc=4, strideC=16, batchCount=2)
+
+    def call(**change):
+        kw = {**args, **change}
+        cublas.gemmStridedBatchedEx(gpu.cuda.device.get_cublas_handle(), 0, 0, kw["m"], kw["n"], kw["k"], one,
+                                    a.data.ptr, 14, kw["lda"], kw["strideA"], a.data.ptr, 14, kw["ldb"],
+                                    kw["strideB"], zero, a.data.ptr, 14, kw["ldc"], kw["strideC"],
+                                    kw["batchCount"], 68, -1)
+
+    call()
+    with pytest.raises(cublas.CUBLASError, match="INVALID_VALUE"):
+        call(lda=3)
+    with pytest.raises(RuntimeError, match="cudaErrorIllegalAddress"):
+        call(batchCount=3)  # a third matrix past the array's end
 
 
 def test_a_host_scalar_meets_a_device_tensor(gpu):

@@ -196,6 +196,7 @@ def _wrap(x):
 # in CuPy (code that tells buffers apart by the owner's identity, like recompute.saved_bytes,
 # would otherwise see a new owner at every access)
 _OWNERS = weakref.WeakValueDictionary()
+_BUFFERS = weakref.WeakValueDictionary()  # id -> every live device buffer (what cuBLAS may address)
 
 
 class ndarray:
@@ -216,6 +217,7 @@ class ndarray:
         self._a = a
         if a.flags.owndata and a.nbytes:  # a new block from the pool (views share their base's)
             weakref.finalize(self, _pool._release, _pool._malloc(a.nbytes))
+            _BUFFERS[id(a)] = a
         if a.base is None:
             _OWNERS[id(a)] = self
 
@@ -299,6 +301,11 @@ class ndarray:
     @property
     def device(self):
         return cuda.Device(0)
+
+    @property
+    def data(self):
+        """CuPy's MemoryPointer, reduced to its address (`.ptr`: the view's first element)."""
+        return types.SimpleNamespace(ptr=self._a.__array_interface__["data"][0])
 
     @shape.setter
     def shape(self, value):
@@ -491,6 +498,9 @@ def _function(name, f):
         res = (_matmul if name == "matmul" else f)(*_unwrap(args, host_ok),
                                                    **{k: _unwrap(v, host_ok) for k, v in kwargs.items()})
         if host_ok:
+            if args and isinstance(args[0], np.ndarray) and isinstance(res, np.ndarray) and np.may_share_memory(
+                    res, args[0]):
+                res = np.array(res, copy=True, order="K")  # a device copy, never the host's memory
             _count_conversion(name, args, kwargs, res)
         elif name not in _NO_LAUNCH:
             arrays = [a for a in (*args, *kwargs.values()) if isinstance(a, ndarray)]
@@ -680,6 +690,97 @@ for _n in ("Device", "Stream", "MemoryPool", "get_current_stream", "runtime"):
     assert _n in NAMES["cupy.cuda"], _n
 
 
+# ----------------------------------------------------------------------------- cuBLAS
+class CUBLASError(RuntimeError):
+    """cupy_backends.cuda.libs.cublas.CUBLASError."""
+
+    def __init__(self, status, what):
+        super().__init__(f"{status}: {what}")
+
+
+_CUBLAS_HANDLE = 0x5EED  # what cupy.cuda.device.get_cublas_handle() gives
+_CUDA_R = {0: np.float32, 2: np.float16, 14: "bfloat16"}  # cudaDataType values the engine uses
+
+
+def _cuda_dtype(code):
+    if code not in _CUDA_R:
+        raise CUBLASError("CUBLAS_STATUS_NOT_SUPPORTED", f"data type {code}")
+    if _CUDA_R[code] == "bfloat16":
+        import ml_dtypes  # noqa: PLC0415
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(_CUDA_R[code])
+
+
+def _device_matrices(ptr, dtype, batch, rows, cols, ld, stride):
+    """The column-major (rows x cols, leading dimension ld) matrices at device address ptr, one every
+    `stride` elements, as a NumPy view (batch, rows, cols) -- after checking that every element
+    read lies inside one live device array (a GPU faults with an illegal address otherwise)."""
+    import ctypes  # noqa: PLC0415
+
+    span = ((batch - 1) * stride + (rows - 1) + (cols - 1) * ld + 1) * dtype.itemsize
+    for buf in list(_BUFFERS.values()):
+        lo = buf.__array_interface__["data"][0]
+        if lo <= ptr and ptr + span <= lo + buf.nbytes:
+            break
+    else:
+        raise RuntimeError(f"cudaErrorIllegalAddress: a cuBLAS operand at {ptr:#x} ({span:,} bytes) is not inside "
+                           "one device array")
+    flat = np.frombuffer((ctypes.c_char * span).from_address(ptr), dtype=dtype)
+    size = dtype.itemsize
+    return np.lib.stride_tricks.as_strided(flat, (batch, rows, cols), (stride * size, size, ld * size))
+
+
+def _host_float(ptr) -> float:
+    import ctypes  # noqa: PLC0415
+
+    return float(np.frombuffer((ctypes.c_char * 4).from_address(ptr), dtype=np.float32)[0])
+
+
+def _gemm_strided_batched_ex(handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb,
+                             strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType, algo):
+    """cublasGemmStridedBatchedEx, column-major as cuBLAS is: C_i = alpha op(A_i) op(B_i) + beta C_i
+    for i < batchCount, op(A) (m x k), op(B) (k x n), C (m x n); float32 accumulation. Checks what
+    cuBLAS checks (handle, sizes, leading dimensions, supported types) and where the operands lie."""
+    if handle != _CUBLAS_HANDLE:
+        raise CUBLASError("CUBLAS_STATUS_NOT_INITIALIZED", "not a cuBLAS handle")
+    if computeType != 68:  # CUBLAS_COMPUTE_32F, the only one the engine asks for
+        raise CUBLASError("CUBLAS_STATUS_NOT_SUPPORTED", f"compute type {computeType}")
+    a_dt, b_dt, c_dt = _cuda_dtype(Atype), _cuda_dtype(Btype), _cuda_dtype(Ctype)
+    if a_dt != b_dt or c_dt not in (a_dt, np.dtype(np.float32)):
+        raise CUBLASError("CUBLAS_STATUS_NOT_SUPPORTED", f"types A {a_dt}, B {b_dt}, C {c_dt}")
+    a_rows, a_cols = (m, k) if transa == 0 else (k, m)
+    b_rows, b_cols = (k, n) if transb == 0 else (n, k)
+    if min(m, n, k, batchCount) < 0 or lda < max(1, a_rows) or ldb < max(1, b_rows) or ldc < max(1, m) \
+            or transa not in (0, 1) or transb not in (0, 1):
+        raise CUBLASError("CUBLAS_STATUS_INVALID_VALUE", f"m {m} n {n} k {k} lda {lda} ldb {ldb} ldc {ldc}")
+    if min(m, n, batchCount) == 0:
+        return
+    a = _device_matrices(A, a_dt, batchCount, a_rows, a_cols, lda, strideA)
+    b = _device_matrices(B, b_dt, batchCount, b_rows, b_cols, ldb, strideB)
+    c = _device_matrices(C, c_dt, batchCount, m, n, ldc, strideC)
+    op_a = a if transa == 0 else a.swapaxes(-1, -2)
+    op_b = b if transb == 0 else b.swapaxes(-1, -2)
+    res = _host_float(alpha) * np.matmul(op_a.astype(np.float32), op_b.astype(np.float32))
+    if _host_float(beta) != 0:
+        res += _host_float(beta) * c.astype(np.float32)
+    _device_call("library", "gemmStridedBatchedEx", a, b, c)
+    c[...] = res.astype(c_dt)
+
+
+cupy_backends = types.ModuleType("cupy_backends")
+cupy_backends.cuda = types.ModuleType("cupy_backends.cuda")
+cupy_backends.cuda.libs = types.ModuleType("cupy_backends.cuda.libs")
+cupy_backends.cuda.libs.cublas = cublas = types.ModuleType("cupy_backends.cuda.libs.cublas")
+cublas.gemmStridedBatchedEx, cublas.CUBLASError = _gemm_strided_batched_ex, CUBLASError
+CUBLASError.__module__ = "cupy_backends.cuda.libs.cublas"
+cuda.device = types.ModuleType("cupy.cuda.device")
+cuda.device.get_cublas_handle = lambda: _CUBLAS_HANDLE
+_BACKENDS = {"cupy_backends": cupy_backends, "cupy_backends.cuda": cupy_backends.cuda,
+             "cupy_backends.cuda.libs": cupy_backends.cuda.libs, "cupy_backends.cuda.libs.cublas": cublas,
+             "cupy.cuda.device": cuda.device}
+
+
 def subprocess_env(env=None, device: str = "cuda", kernels: str = "") -> dict:
     """An environment in which a new Python process takes the stand-in for CuPy (through
     site/sitecustomize.py) and, by default, the "cuda" device: for `xtrain launch`'s ranks, a
@@ -698,10 +799,11 @@ def subprocess_env(env=None, device: str = "cuda", kernels: str = "") -> dict:
 
 def install():
     """Make `import cupy` give this stand-in (returns what sys.modules held before)."""
-    before = {k: sys.modules.get(k) for k in ("cupy", "cupy.cuda", "cupy.cuda.memory")}
+    before = {k: sys.modules.get(k) for k in ("cupy", "cupy.cuda", "cupy.cuda.memory", *_BACKENDS)}
     sys.modules["cupy"] = sys.modules[__name__]
     sys.modules["cupy.cuda"] = cuda
     sys.modules["cupy.cuda.memory"] = cuda.memory
+    sys.modules.update(_BACKENDS)
     return before
 
 

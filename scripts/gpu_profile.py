@@ -1,0 +1,74 @@
+"""Where a GPU training step's time goes: the engine's step (bench_gpu.engine_stepper_gpu) under
+torch.profiler, whose CUPTI tracing sees every kernel in the process, CuPy's and cuBLAS's included.
+
+    python scripts/gpu_profile.py --preset 20m --dtype bf16 [--batch-size 32 --seq-len 512 --vocab-size 8192]
+
+Prints, per step: the wall time (steps issued back to back, as in training), the host's time to issue
+one step into an idle device, the GPU's busy time (the kernels' total), and the kernels grouped by
+name, largest first. A step whose busy time is well under its wall time is bound by the launches.
+Needs a GPU, CuPy and torch with CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+
+from xtrain_lessons.measure.bench import _batches
+from xtrain_lessons.measure.bench_gpu import engine_stepper_gpu
+from xtrain_lessons.model.qwen3 import PRESETS
+from xtrain_lessons.runtime import device
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="20m")
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--vocab-size", type=int, default=8192)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--top", type=int, default=18)
+    args = ap.parse_args(argv)
+    import torch  # noqa: PLC0415
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    device.set_device("cuda")
+    base = PRESETS[args.preset]
+    config = base.replace(vocab_size=args.vocab_size, max_seq_len=max(base.max_seq_len, args.seq_len))
+    batches = _batches(config.vocab_size, args.batch_size, args.seq_len, 3 + 2 * args.steps)
+    step, _ = engine_stepper_gpu(config, args.dtype)
+    for b in batches[:2]:
+        step(b)
+    device.synchronize()
+    host = step(batches[2])[1]  # issued into an idle device
+    device.synchronize()
+    t0 = time.perf_counter()
+    for b in batches[3:3 + args.steps]:
+        step(b)
+    device.synchronize()
+    wall = (time.perf_counter() - t0) / args.steps
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for b in batches[3 + args.steps:]:
+            step(b)
+        device.synchronize()
+    kernels = collections.Counter()
+    counts = collections.Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            name = e.name[:90]
+            kernels[name] += e.device_time
+            counts[name] += 1
+    busy = sum(kernels.values()) / 1e3 / args.steps
+    print(f"{args.preset} {args.dtype} {args.batch_size} x {args.seq_len}: wall {wall * 1e3:.1f} ms/step, host "
+          f"{host * 1e3:.1f} ms to issue one, GPU busy {busy:.1f} ms/step, {sum(counts.values()) // args.steps} "
+          f"kernels/step")
+    for name, us in kernels.most_common(args.top):
+        print(f"  {us / 1e3 / args.steps:7.2f} ms  {counts[name] // args.steps:4d}x  {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
