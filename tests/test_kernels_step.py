@@ -29,7 +29,8 @@ from xtrain_lessons.runtime import cuda as cuda_kernels
 from xtrain_lessons.runtime import device
 from xtrain_lessons.runtime.kernels import cross_entropy as ce
 from xtrain_lessons.runtime.kernels import embedding, grad_norm, residual, rmsnorm, rope, softmax, swiglu
-from xtrain_lessons.runtime.kernels.adamw import adamw_flat, adamw_flat_scaled, adamw_scaled_reference
+from xtrain_lessons.runtime.kernels.adamw import adamw_flat, adamw_flat_graphed, adamw_flat_scaled, \
+    adamw_scaled_reference, adamw_step_scalars
 
 F32, BF16, F16 = np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)
 DTYPES = [F32, BF16, F16]
@@ -528,6 +529,23 @@ def test_adamw_scaled_with_factor_one_is_adamw_step_bit_for_bit():
         np.testing.assert_array_equal(x, y)
 
 
+def test_adamw_graphed_is_adamw_scaled_bit_for_bit(dev):
+    """The step's scalars read from device memory (what a CUDA graph replays) give the same bits
+    as passed by value, step after step, with a schedule's changing lr."""
+    p, g, m, v = _adam_state(4099, seed=4)
+    factors = dev.put(np.array([3.0, 0.37, 0.0], np.float32))
+    a = [dev.put(x.copy()) for x in (p, m, v)]
+    b = [dev.put(x.copy()) for x in (p, m, v)]
+    hyper = dict(HYPER)
+    for step, lr in ((1, 1e-2), (2, 7e-3), (3, 3e-3)):
+        hyper["lr"] = lr
+        adamw_flat_scaled(a[0], dev.put(g), a[1], a[2], factors, step, n_decay=3000, **hyper)
+        scalars = dev.put(adamw_step_scalars(step, lr, hyper["betas"], hyper["weight_decay"]))
+        adamw_flat_graphed(b[0], dev.put(g), b[1], b[2], factors, scalars, hyper["betas"], hyper["eps"], 3000)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(dev.get(x).view(np.uint32), dev.get(y).view(np.uint32))
+
+
 def test_adamw_scaled_skips_the_step_on_found_inf(dev):
     p, g, m, v = _adam_state(1000, seed=2)
     g[3] = np.inf
@@ -612,6 +630,8 @@ BAD_CALLS = {  # id: (call, exception, the argument the message must name)
                               ValueError, "out"),
     "adamw_flat_scaled factors shape": (lambda: adamw_flat_scaled(_f32(4), _f32(4), _f32(4), _f32(4), _f32(2), 1,
                                                                   1e-3), ValueError, "factors"),
+    "adamw_flat_graphed step_scalars shape": (lambda: adamw_flat_graphed(_f32(4), _f32(4), _f32(4), _f32(4), _f32(3),
+                                                                          _f32(2)), ValueError, "step_scalars"),
     "adamw_flat_scaled v dtype": (lambda: adamw_flat_scaled(_f32(4), _f32(4), _f32(4), np.zeros(4), _f32(3), 1, 1e-3),
                                   TypeError, "v"),
 }

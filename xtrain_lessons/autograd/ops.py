@@ -55,7 +55,7 @@ from xtrain_lessons.runtime.allocator import empty as _empty  # np.empty, or the
 from xtrain_lessons.runtime.cpu_threads import get_threads, grid, map_rows
 from xtrain_lessons.runtime.cpu_threads import matmul as _rows_matmul
 from xtrain_lessons.runtime.cpu_threads import sum_blocks
-from xtrain_lessons.runtime.device import array_module, on_gpu, scatter_add
+from xtrain_lessons.runtime.device import HostChecked, array_module, on_gpu, scatter_add
 from xtrain_lessons.runtime import fused
 
 __all__ = [
@@ -679,7 +679,8 @@ def embedding(weight, ids) -> Tensor:
     that appears several times receives the sum of its rows.
     """
     weight = as_tensor(weight)
-    ids_in = ids.data if isinstance(ids, Tensor) else ids
+    checked = isinstance(ids, HostChecked)  # on the device, checked before the copy
+    ids_in = ids.data if isinstance(ids, (Tensor, HostChecked)) else ids
     xp = array_module(weight.data)
     ids = xp.asarray(ids_in)
     if ids.dtype.kind not in "iu":
@@ -689,7 +690,7 @@ def embedding(weight, ids) -> Tensor:
     # NumPy would silently wrap a negative id around: refuse it. Checked on the host array when
     # the ids come from the host (free); ids already on a GPU cost a host synchronisation.
     src = ids_in if isinstance(ids_in, np.ndarray) else ids
-    if ids.size and (int(src.min()) < 0 or int(src.max()) >= weight.shape[0]):
+    if ids.size and not checked and (int(src.min()) < 0 or int(src.max()) >= weight.shape[0]):
         raise ValueError(f"embedding: ids must lie in [0, {weight.shape[0]}), got "
                          f"min {int(src.min())}, max {int(src.max())}")
     out = weight.data[ids]  # (..., D)

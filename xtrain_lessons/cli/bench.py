@@ -45,6 +45,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=["float32", "bf16", "fp16"], default="float32",
                         help="the engine's compute dtype (--device cuda; the CPU bench times float32)")
     parser.add_argument("--no-torch", action="store_true", help="engine only")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="--device cuda: also time the engine's step captured once as a CUDA graph and replayed "
+                             "(float32, bf16)")
     parser.add_argument("--peak-n", type=int, default=None,
                         help="matrix size of the matmul peak measurement (default 1536 on the CPU, 8192 on a GPU)")
     parser.add_argument("--corpus", default=None,

@@ -35,6 +35,7 @@ import numpy as np
 from xtrain_lessons.measure.bench import _batches, parse_against, train_flops_per_token
 from xtrain_lessons.model.qwen3 import PRESETS, Model
 from xtrain_lessons.runtime.device import Timer, describe, get_xp, synchronize
+from xtrain_lessons.training.cuda_graph import CudaGraphStep
 from xtrain_lessons.training.fused_adamw import FusedAdamW
 from xtrain_lessons.training.grad_scaler import GradScaler
 
@@ -63,14 +64,27 @@ def gpu_matmul_peak(dtype: str = "float32", n: int = 8192, reps: int = 5) -> flo
     return 2.0 * n ** 3 / best
 
 
-def engine_stepper_gpu(config, dtype: str = "float32", seed: int = 0):
+def engine_stepper_gpu(config, dtype: str = "float32", seed: int = 0, graph: bool = False):
     """(step(batch) -> (loss, seconds), initial state_dict): the training loop's GPU step (see the
-    module doc); the loss stays a device value."""
+    module doc); the loss stays a device value. graph: the same step captured as a CUDA graph and
+    replayed (training/cuda_graph.py; float32 and bf16), `step.graph_step` says whether it was."""
     model = Model(config, seed=seed)
     init = model.state_dict()
     model.to("cuda")
     model.compute_dtype = dtype
     opt = FusedAdamW(model.named_parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    if graph:
+        if dtype == "fp16":
+            raise ValueError("bench: --cuda-graph captures float32 and bf16 steps (fp16's loss scaling runs eagerly)")
+        graphed = CudaGraphStep(model, opt, max_norm=1.0)
+
+        def graph_step(b):
+            t0 = time.perf_counter()
+            loss = graphed(b)
+            return loss, time.perf_counter() - t0
+
+        graph_step.graph_step = graphed
+        return graph_step, init
     scaler = GradScaler().to_device(get_xp()) if dtype == "fp16" else None
     state = scaler.state if scaler is not None else None
 
@@ -146,6 +160,8 @@ def run_train_bench_gpu(args) -> int:
           f"model FLOPs per trained token: {fpt / 1e6:.1f} MFLOP")
     engine, init = engine_stepper_gpu(config, dtype)
     steppers = {"engine": engine}
+    if getattr(args, "cuda_graph", False):
+        steppers["engine+graph"] = engine_stepper_gpu(config, dtype, graph=True)[0]
     torch = _torch_cuda()
     if against and torch is None:
         print("torch with CUDA is not available here: engine only")
@@ -156,11 +172,16 @@ def run_train_bench_gpu(args) -> int:
     first = {name: float(step(warm)[0]) for name, step in steppers.items()}  # compile compiles here
     times, host = _timed_blocks(steppers, batches, args.rounds, args.steps, torch)
     tps = {name: B * T / float(np.median(t)) for name, t in times.items()}
+    if "engine+graph" in steppers:
+        why = steppers["engine+graph"].graph_step.reason
+        print("CUDA graph: the step is captured and replayed (checked bit for bit against the eager step)"
+              if why is None else f"CUDA graph: not used, {why}")
     for name, rate in tps.items():
-        what = "engine" if name == "engine" else f"torch {name}"
+        what = name if name.startswith("engine") else f"torch {name}"
         print(f"{what}: {B * T / rate * 1e3:.1f} ms/step (host {np.median(host[name]) * 1e3:.1f} ms to issue one), "
               f"{rate:,.0f} tok/s, MFU {100 * rate * fpt / peak:.1f}%, first loss {first[name]:.4f}")
-    ratios = ", ".join(f"{n} {tps['engine'] / tps[n]:.2f}x" for n in steppers if n != "engine") or "n/a"
-    print(f"throughput vs torch: {ratios} (engine {tps['engine']:,.0f} tok/s, MFU "
-          f"{100 * tps['engine'] * fpt / peak:.1f}% of {peak / 1e12:.1f} TFLOP/s ({dtype}))")
+    for mine in [n for n in steppers if n.startswith("engine")][::-1]:  # the plain engine's line last
+        ratios = ", ".join(f"{n} {tps[mine] / tps[n]:.2f}x" for n in steppers if not n.startswith("engine")) or "n/a"
+        print(f"throughput vs torch{' (CUDA graph)' if mine != 'engine' else ''}: {ratios} ({mine} "
+              f"{tps[mine]:,.0f} tok/s, MFU {100 * tps[mine] * fpt / peak:.1f}% of {peak / 1e12:.1f} TFLOP/s ({dtype}))")
     return 0

@@ -32,7 +32,7 @@ from xtrain_lessons.runtime import blas, cpu_threads
 from xtrain_lessons.runtime.allocator import empty  # np.empty, or the engine allocator's (T11)
 from xtrain_lessons.runtime.cpu_threads import map_rows
 from xtrain_lessons.runtime import fused
-from xtrain_lessons.runtime.device import array_module, on_gpu
+from xtrain_lessons.runtime.device import HostChecked, array_module, on_gpu
 from xtrain_lessons.runtime.gpu_blas import array_matmul
 
 __all__ = ["linear", "linear_cross_entropy", "rope", "causal_attention", "square_attention", "swiglu",
@@ -143,7 +143,13 @@ def linear_cross_entropy(x: Tensor, w: Tensor, targets, ignore_index: int = -100
 
 def _host_targets(targets, lead_shape, V: int, ignore_index: int):
     """(targets as int64 (N,) on the host, number of valid ones), checked on the host: free when
-    they come from the host, as a training batch does (device targets cost one synchronisation)."""
+    they come from the host, as a training batch does (device targets cost one synchronisation);
+    HostChecked targets were checked before their copy and stay on the device."""
+    if isinstance(targets, HostChecked):  # on the device, checked before the copy
+        if tuple(targets.data.shape) != tuple(lead_shape) or targets.data.dtype != np.int64:
+            raise ValueError(f"cross_entropy: checked targets must be int64 of shape {tuple(lead_shape)}, got "
+                             f"{targets.data.dtype} {tuple(targets.data.shape)}")
+        return targets.data.reshape(-1), targets.n_valid
     t = targets.data if isinstance(targets, Tensor) else targets
     t = t.get() if on_gpu(t) else np.asarray(t)
     if t.shape != tuple(lead_shape):

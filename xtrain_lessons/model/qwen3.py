@@ -37,7 +37,7 @@ from xtrain_lessons.model.flash_attention import flash_attention
 from xtrain_lessons.model.layers import causal_attention, linear, linear_cross_entropy, rope, rope_tables, swiglu
 from xtrain_lessons.model.precision import forward_lowp, loss_lowp
 from xtrain_lessons.model.recompute import checkpoint
-from xtrain_lessons.runtime.device import array_module, move_to
+from xtrain_lessons.runtime.device import HostChecked, array_module, move_to
 
 __all__ = ["Config", "PRESETS", "Model", "KVCache", "ffn_dim_for"]
 
@@ -337,7 +337,8 @@ class Model:
         c = self.config
         P = self.params if params is None else params
         L = self._layers() if layers is None else layers
-        ids_in = ids.data if isinstance(ids, Tensor) else ids
+        checked = isinstance(ids, HostChecked)  # on the device, checked before the copy
+        ids_in = ids.data if isinstance(ids, (Tensor, HostChecked)) else ids
         xp = array_module(P["lm_head.weight"].data)
         ids = xp.asarray(ids_in)
         if ids.ndim != 2:
@@ -345,7 +346,7 @@ class Model:
         if ids.dtype.kind not in "iu":
             raise TypeError(f"Model: ids must be integers, got {ids.dtype}")
         host_ids = ids_in if isinstance(ids_in, np.ndarray) else ids  # checked there: no GPU sync
-        if ids.size and (int(host_ids.min()) < 0 or int(host_ids.max()) >= c.vocab_size):
+        if ids.size and not checked and (int(host_ids.min()) < 0 or int(host_ids.max()) >= c.vocab_size):
             raise ValueError(f"Model: token ids must lie in [0, {c.vocab_size}), got "
                              f"[{int(host_ids.min())}, {int(host_ids.max())}] (is vocab_size set from the tokenizer?)")
         B, T = ids.shape
@@ -360,7 +361,7 @@ class Model:
             self.rope_cos, self.rope_sin = move_to(self.rope_cos, where), move_to(self.rope_sin, where)
         cos, sin = self.rope_cos[start_pos:end], self.rope_sin[start_pos:end]  # (T, D)
 
-        x = ops.embedding(P["model.embed_tokens.weight"], host_ids)  # (B, T, dim)
+        x = ops.embedding(P["model.embed_tokens.weight"], HostChecked(ids) if checked else host_ids)  # (B, T, dim)
         # T18: dropout on what each sublayer adds to the residual stream, in training mode.
         # Site s (2i: attention, 2i+1: MLP of block i) of training forward number `step` draws
         # from Philox stream offset = step * 2 * n_layers + s: fresh per site and step, and

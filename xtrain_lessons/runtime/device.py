@@ -39,6 +39,19 @@ _override: str | None = None
 _gpu_ok: bool | None = None
 
 
+class HostChecked:
+    """Token ids or targets already on the device, checked on the host before they were copied
+    there (ids in [0, vocab), targets too or ignore_index; `n_valid` of the targets count): the
+    model and the loss take them as they are. Checking them where they are would cost a host
+    synchronisation, which a training step captured in a CUDA graph cannot make
+    (training/cuda_graph.py)."""
+
+    __slots__ = ("data", "n_valid")
+
+    def __init__(self, data, n_valid: int | None = None):
+        self.data, self.n_valid = data, n_valid
+
+
 def import_cupy() -> ModuleType:
     """The cupy module (ImportError with the install line when it is missing)."""
     try:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from xtrain_lessons.runtime.device import array_module
-from xtrain_lessons.runtime.kernels.adamw import adamw_flat, adamw_flat_scaled
+from xtrain_lessons.runtime.kernels.adamw import adamw_flat, adamw_flat_graphed, adamw_flat_scaled
 from xtrain_lessons.runtime.kernels.grad_norm import NORM_GRID, global_norm_and_clip
 from xtrain_lessons.training.optim import AdamW
 
@@ -88,12 +88,16 @@ class FusedAdamW(AdamW):
                              "exp_avg": self.flat_exp_avg[off:off + size].reshape(shape),
                              "exp_avg_sq": self.flat_exp_avg_sq[off:off + size].reshape(shape)}
 
-    def step(self, lr: float | None = None, where=None) -> None:
+    def step(self, lr: float | None = None, where=None, step_scalars=None) -> None:
         """One update of every parameter: gather the gradients, one kernel launch.
 
         ``where``: a 0-d boolean device array, as in ``optim.AdamW.step``: the update is
         kept only if it is True (the buffers are copied before and restored where it is
-        False, on the device: no host synchronisation). The step count advances either way."""
+        False, on the device: no host synchronisation). The step count advances either way.
+        ``step_scalars``: a float32 device array of 3 that the host fills before each step with
+        ``adamw_step_scalars`` (a step captured in a CUDA graph: training/cuda_graph.py); the
+        kernel reads lr and the bias corrections there instead of taking them by value. Needs
+        clip_grad_norm first (its factors)."""
         if lr is not None:
             self.set_lr(lr)
         self._gather()
@@ -105,7 +109,12 @@ class FusedAdamW(AdamW):
         self._step += 1
         g = self.groups[0]
         args = (self._step, g["lr"], g["betas"], g["eps"], self._wd, self.n_decay)
-        if factors is None:  # the plain kernel (T07's exercise can be passed as `kernel`)
+        if step_scalars is not None:
+            if factors is None:
+                raise ValueError("FusedAdamW.step: step_scalars needs clip_grad_norm's factors (call it first)")
+            adamw_flat_graphed(self.flat_param, self.flat_grad, self.flat_exp_avg, self.flat_exp_avg_sq, factors,
+                               step_scalars, g["betas"], g["eps"], self.n_decay)
+        elif factors is None:  # the plain kernel (T07's exercise can be passed as `kernel`)
             adamw_flat(self.flat_param, self.flat_grad, self.flat_exp_avg, self.flat_exp_avg_sq, *args,
                        kernel=self._kernel)
         else:

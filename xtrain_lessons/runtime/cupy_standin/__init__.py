@@ -67,13 +67,26 @@ _HOST_MSG = ("Implicit conversion to a NumPy array is not allowed. "
              "Please use `.get()` to construct a NumPy array explicitly.")
 
 
+_capturing: list = []  # the stream that is capturing a CUDA graph now, if any
+
+
+def _refuse_in_capture(what: str) -> None:
+    """CUDA cannot record a host synchronisation or a copy from / to host memory into a graph
+    (a pinned copy it would record with its host address, to be re-read at every replay)."""
+    if _capturing:
+        raise RuntimeError(f"cudaErrorStreamCaptureUnsupported: {what} while a stream is capturing a CUDA graph")
+
+
 def _host_sync():
+    _refuse_in_capture("a host synchronisation")
     stats["host_syncs"] += 1
 
 
 def _device_call(kind: str, name: str, *arrays) -> None:
     """Count one device call, and the bytes it moves: every distinct array it reads or writes
     (operands and result) once, a GPU's memory traffic for the call."""
+    if kind == "copy" and name in ("host_to_device", "device_to_host"):
+        _refuse_in_capture(f"a {name.replace('_', ' ')} copy")
     stats["device_calls"] += 1
     calls[f"{kind}:{name}"] += 1
     seen = set()
@@ -149,6 +162,11 @@ class MemoryPool:
 
     def free_all_blocks(self, stream=None) -> None:
         self._free.clear()
+
+    def malloc(self, nbytes: int):
+        """CuPy's allocator interface (for cuda.using_allocator); the stand-in's arrays are NumPy's,
+        so this only does the bookkeeping."""
+        return self._malloc(nbytes)
 
     def set_limit(self, size=None, fraction=None) -> None:
         self._limit = int(size or 0) if fraction is None else int(fraction * 8 * 2**30)
@@ -637,8 +655,14 @@ class RawModule:
 
 # ----------------------------------------------------------------------------- cupy.cuda
 class _Stream:
-    def __init__(self, null=False, non_blocking=False, ptr=0):
-        self.ptr = ptr
+    """cupy.cuda.Stream: `with stream:` makes it the current one; begin_capture / end_capture
+    record a CUDA graph, as CuPy's do, except that the stand-in runs every call when it is made, so
+    its Graph cannot be replayed (launch raises). While a stream captures, a host synchronisation
+    or a host <-> device copy raises, as CUDA refuses them."""
+
+    def __init__(self, null=False, non_blocking=False, ptds=False, ptr=0):
+        self.ptr = 0 if null else (ptr or id(self))
+        self._before = []
 
     def synchronize(self):
         _host_sync()
@@ -647,10 +671,40 @@ class _Stream:
         return self
 
     def __enter__(self):
+        self._before.append(_current[0])
+        _current[0] = self
         return self
 
     def __exit__(self, *exc):
+        _current[0] = self._before.pop()
         return False
+
+    def begin_capture(self, mode=None):
+        if self.ptr == 0:
+            raise RuntimeError("cannot capture on the default (legacy) stream")
+        if _capturing:
+            raise RuntimeError("cudaErrorIllegalState: a stream is capturing already")
+        _capturing.append(self)
+
+    def end_capture(self):
+        if self not in _capturing:
+            raise RuntimeError("cudaErrorIllegalState: the stream is not capturing")
+        _capturing.remove(self)
+        return _Graph()
+
+    def is_capturing(self):
+        return self in _capturing
+
+
+class _Graph:
+    """cupy.cuda.Graph, as the stand-in can make one: the calls ran during the capture already."""
+
+    def launch(self, stream=None):
+        raise RuntimeError("the CPU stand-in for CuPy cannot replay a CUDA graph (it ran every call during "
+                           "the capture): replaying needs a real GPU")
+
+    def upload(self, stream=None):
+        return None
 
 
 class _Device:
@@ -673,11 +727,21 @@ class _Device:
 
 
 _null_stream = _Stream(null=True)
+_Stream.null = _null_stream
+_current = [_null_stream]
+
+
+@contextlib.contextmanager
+def _using_allocator(allocator=None):
+    yield
+
+
 cuda = types.ModuleType("cupy.cuda")
-cuda.Device, cuda.Stream, cuda.MemoryPool = _Device, _Stream, MemoryPool
+cuda.Device, cuda.Stream, cuda.MemoryPool, cuda.Graph = _Device, _Stream, MemoryPool, _Graph
+cuda.using_allocator = _using_allocator
 cuda.memory = types.ModuleType("cupy.cuda.memory")
 cuda.memory.OutOfMemoryError, cuda.memory.MemoryPool = OutOfMemoryError, MemoryPool
-cuda.get_current_stream = lambda device=None: _null_stream
+cuda.get_current_stream = lambda device=None: _current[0]
 cuda.runtime = types.SimpleNamespace(
     getDeviceCount=lambda: 1,
     getDeviceProperties=lambda i: {"name": b"CuPy stand-in (NumPy on the CPU)", "totalGlobalMem": 8 * 2**30,
@@ -686,7 +750,7 @@ cuda.runtime = types.SimpleNamespace(
     runtimeGetVersion=lambda: 12000,
     driverGetVersion=lambda: 12000,
 )
-for _n in ("Device", "Stream", "MemoryPool", "get_current_stream", "runtime"):
+for _n in ("Device", "Stream", "MemoryPool", "Graph", "using_allocator", "get_current_stream", "runtime"):
     assert _n in NAMES["cupy.cuda"], _n
 
 

@@ -57,3 +57,33 @@ extern "C" __global__ void adamw_step_scaled(float* __restrict__ p, const float*
         v[i] = vi;
     }
 }
+
+// adamw_step_graphed — adamw_step_scaled with the three scalars that change every step read from
+// device memory: step_scalars = {decay, bc2_sqrt, neg_step} (lr follows a schedule, the bias
+// corrections follow the step count). A CUDA graph stores a kernel's arguments by value when it
+// is captured, so a captured step replays with the scalars of its capture; read from memory, they
+// are whatever the host copied there before each replay (training/cuda_graph.py). Same order of
+// operations as adamw_step_scaled: the same bits from the same scalars.
+extern "C" __global__ void adamw_step_graphed(float* __restrict__ p, const float* __restrict__ g,
+                                              float* __restrict__ m, float* __restrict__ v,
+                                              const float* __restrict__ factors,
+                                              const float* __restrict__ step_scalars,
+                                              float one_minus_b1, float b2, float one_minus_b2, float eps,
+                                              int n, int n_decay) {
+    if (factors[2] != 0.0f) return;
+    const float f = factors[1];
+    const float decay = step_scalars[0], bc2_sqrt = step_scalars[1], neg_step = step_scalars[2];
+    int stride = gridDim.x * blockDim.x;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float theta = p[i];
+        if (i < n_decay) theta = theta * decay;
+        float gi = g[i] * f;
+        float mi = m[i];
+        mi = mi + one_minus_b1 * (gi - mi);
+        float vi = v[i] * b2 + one_minus_b2 * (gi * gi);
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        p[i] = theta + neg_step * (mi / denom);
+        m[i] = mi;
+        v[i] = vi;
+    }
+}

@@ -16,6 +16,14 @@ The GPU engine's step (T07) reads grad_norm.global_norm_and_clip's result on the
         for a skipped step (it cannot know without a sync). Reference:
         adamw_scaled_reference(...) = adamw_reference after g *= factors[1], nothing when
         factors[2] != 0.
+
+A step captured in a CUDA graph (training/cuda_graph.py) replays its kernels' arguments as they
+were at the capture, so the scalars that change every step live in device memory instead:
+
+    adamw_flat_graphed(p, g, m, v, factors, step_scalars, betas, eps, n_decay)
+        step_scalars: float32 device array of 3, [decay, bc2_sqrt, neg_step] of this step (the
+        host fills it before each replay: adamw_step_scalars(step, lr, betas, weight_decay)).
+        The same update, the same bits, as adamw_flat_scaled with those scalars.
 """
 
 from __future__ import annotations
@@ -28,7 +36,8 @@ from xtrain_lessons.runtime.cuda import load_kernel
 from xtrain_lessons.runtime.device import array_module, kernel_backend
 from xtrain_lessons.runtime.kernels._common import F32, check, device_of
 
-__all__ = ["adamw_flat", "adamw_reference", "adamw_scalars", "adamw_flat_scaled", "adamw_scaled_reference", "BLOCK"]
+__all__ = ["adamw_flat", "adamw_reference", "adamw_scalars", "adamw_flat_scaled", "adamw_scaled_reference",
+           "adamw_flat_graphed", "adamw_step_scalars", "BLOCK"]
 
 BLOCK = 256
 MAX_GRID = 1024
@@ -84,6 +93,37 @@ def adamw_flat_scaled(p, g, m, v, factors, step: int, lr: float, betas=(0.9, 0.9
     grid = min((n + BLOCK - 1) // BLOCK, MAX_GRID)
     kernel((grid,), (BLOCK,), (p, g, m, v, factors) + adamw_scalars(step, lr, betas, eps, weight_decay)
            + (np.int32(n), np.int32(n_decay)))
+
+
+def adamw_step_scalars(step: int, lr: float, betas, weight_decay: float) -> np.ndarray:
+    """[decay, bc2_sqrt, neg_step] of step `step` as a float32 host array: what
+    adamw_flat_graphed reads from the device (the same values adamw_scalars gives)."""
+    decay, _, _, _, bc2_sqrt, _, neg_step = adamw_scalars(step, lr, betas, 0.0, weight_decay)
+    return np.array([decay, bc2_sqrt, neg_step], dtype=np.float32)
+
+
+def adamw_flat_graphed(p, g, m, v, factors, step_scalars, betas=(0.9, 0.999), eps: float = 1e-8,
+                       n_decay: int | None = None) -> None:
+    """adamw_flat_scaled with decay, bc2_sqrt and neg_step read from `step_scalars` on the device
+    (see the module doc). One launch of `adamw_step_graphed`."""
+    fn = "adamw_flat_graphed"
+    xp = device_of(fn, "p", p)
+    check(fn, "p", p, xp, (F32,))
+    if p.ndim != 1:
+        raise ValueError(f"{fn}: p must be 1-D, got shape {tuple(p.shape)}")
+    n = int(p.size)
+    for name, a in (("g", g), ("m", m), ("v", v)):
+        check(fn, name, a, xp, (F32,), (n,))
+    check(fn, "factors", factors, xp, (F32,), (3,))
+    check(fn, "step_scalars", step_scalars, xp, (F32,), (3,))
+    if n == 0:
+        return
+    n_decay = n if n_decay is None else int(n_decay)
+    _, omb1, b2, omb2, _, eps32, _ = adamw_scalars(1, 0.0, betas, eps, 0.0)
+    kernel = load_kernel("adamw.cu", "adamw_step_graphed", backend=kernel_backend(xp))
+    grid = min((n + BLOCK - 1) // BLOCK, MAX_GRID)
+    kernel((grid,), (BLOCK,), (p, g, m, v, factors, step_scalars, omb1, b2, omb2, eps32, np.int32(n),
+                               np.int32(n_decay)))
 
 
 def adamw_reference(p, g, m, v, step: int, lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
