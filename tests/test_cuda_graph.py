@@ -98,6 +98,32 @@ def test_a_step_that_copies_from_the_host_is_not_captured(standin, monkeypatch):
     assert np.array_equal(params, want_params)
 
 
+def test_cupys_cublas_binding_is_refused_during_a_capture_as_on_a_gpu(standin):
+    """What the first capture on an H100 met: CuPy's binding of cuBLAS raises inside a capture
+    (cupy.matmul, and cupy_backends' gemmStridedBatchedEx); gpu_blas's products go through
+    cuBLAS's own entry point (runtime/cublas_direct.py), which a capture may record."""
+    from cupy_backends.cuda.libs import cublas  # noqa: PLC0415 - the stand-in's
+
+    from xtrain_lessons.runtime import gpu_blas  # noqa: PLC0415
+
+    cp = standin
+    a = cp.ones((2, 4, 4), np.float32)
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture()
+        try:
+            with pytest.raises(NotImplementedError, match="calling cuBLAS API during stream capture"):
+                cp.matmul(a, a)
+            with pytest.raises(NotImplementedError, match="calling cuBLAS API during stream capture"):
+                cublas.gemmStridedBatchedEx(cp.cuda.device.get_cublas_handle(), 0, 0, 4, 4, 4,
+                                            gpu_blas._ALPHA.ctypes.data, a.data.ptr, 0, 4, 16, a.data.ptr, 0, 4, 16,
+                                            gpu_blas._BETA.ctypes.data, a.data.ptr, 0, 4, 16, 2, 68, -1)
+            y = gpu_blas.matmul(a, a)
+        finally:
+            s.end_capture()
+    np.testing.assert_array_equal(y.get(), np.full((2, 4, 4), 4, np.float32))
+
+
 def test_the_batch_is_checked_on_the_host(standin):
     config = PRESETS["test"].replace(vocab_size=300)
     step = CudaGraphStep(*_model(config, "float32"))

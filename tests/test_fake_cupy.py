@@ -307,7 +307,7 @@ def test_bf16_products_as_in_cupy_and_through_gpu_blas(gpu):
     """CuPy 14.2 (seen on an H100) multiplies 2-D bfloat16 matrices with cuBLAS (float32
     accumulation, a bf16 result) but fails on a stacked (ndim > 2) bf16 matmul with
     `TypeError: data type 'E' not understood`; the stand-in does both the same way, and
-    runtime/gpu_blas.matmul makes the stacked one with one cublasGemmStridedBatchedEx: the float32
+    runtime/gpu_blas.matmul makes every one with one cublasGemmStridedBatchedEx: the float32
     product, rounded to bf16 once."""
     import ml_dtypes  # noqa: PLC0415
 
@@ -328,7 +328,7 @@ def test_bf16_products_as_in_cupy_and_through_gpu_blas(gpu):
         ys = gpu_blas.matmul(dxs, dws)
     want_s = (xs.astype(np.float32) @ ws.astype(np.float32)).astype(bf)
     assert ys.dtype == bf and np.array_equal(ys.get().view(np.uint16), want_s.view(np.uint16))
-    assert dict(c["calls"]) == {"library:gemmStridedBatchedEx": 1}, c["calls"]  # nothing widened
+    assert dict(c["calls"]) == {"library:cublasGemmStridedBatchedEx": 1}, c["calls"]  # nothing widened
     out = gpu.empty((5, 3), np.float32)  # a float32 destination keeps the float32 product
     gpu_blas.matmul(gpu.asarray(x), gpu.asarray(w), out)
     np.testing.assert_array_equal(out.get(), x.astype(np.float32) @ w.astype(np.float32))

@@ -1,73 +1,80 @@
-"""Matrix products on the GPU (cuBLAS through CuPy), whatever the storage dtype (phases T03, T12).
+"""Matrix products on the GPU: cuBLAS's strided batched GEMM, whatever the storage dtype (T03, T07, T12).
 
     matmul(a, b, out=None)        a @ b for CuPy arrays (stacked and transposed views too)
     array_matmul(a, b, out=None)  np.matmul for NumPy arrays, `matmul` for CuPy ones
 
-float32 and float16 go straight to `cupy.matmul` (cuBLAS; float16 with float32 accumulation), and
-so does a 2-D bfloat16 product: CuPy 14.2 hands it to cublasGemmEx with bf16 operands and float32
-accumulation, on the tensor cores (an 8192^3 one ran at 774 TFLOP/s on an H100). A *stacked*
-bfloat16 product (ndim > 2: attention's) CuPy cannot do: its batched path takes bf16 for an integer
-type and fails (`TypeError: data type 'E' not understood`, seen on the H100). This module makes that
-one itself, as CuPy makes its float32 ones: one cublasGemmStridedBatchedEx call (CuPy's binding in
-cupy_backends.cuda.libs.cublas), bf16 operands, float32 accumulation, a bf16 or float32 result.
+Every product of two float32, float16 or bfloat16 arrays is one cublasGemmStridedBatchedEx call:
+the operands in their storage dtype, float32 accumulation (CUBLAS_COMPUTE_32F; no TF32, as CuPy's
+default), the result in the operands' dtype or in a float32 `out`. bf16 and fp16 run on the tensor
+cores (an 8192^3 bf16 product ran at 774 TFLOP/s on an H100). Two reasons not to leave them to
+`cupy.matmul`: CuPy 14.2 has no stacked bf16 product (its batched path takes bf16 for an integer
+type: `TypeError: data type 'E' not understood`, seen on the H100), and CuPy's binding refuses any
+cuBLAS call while a CUDA graph is being captured (training/cuda_graph.py), so the call goes through
+runtime/cublas_direct.py (cuBLAS's own entry point, which graphs can record), or through CuPy's
+binding where that library cannot be found.
 
 cuBLAS is column-major: the row-major product C = A @ B is, read column-major, C^T = B^T A^T, so
 cuBLAS gets B as its first operand and A as its second; a row-major matrix is its own transpose
 read column-major (op N, leading dimension = its row stride), a transposed view is op T. The stack's
 batch dimensions must fold into one stride; where they do not (a transposed view of the heads), the
-operand is first copied contiguous. Anything else mixing bf16 with another dtype is widened to
-float32 (exact), multiplied there and rounded once.
+operand is first copied contiguous. A stack times one matrix ((..., m, k) @ (k, n): a linear layer)
+is one product of all the stack's rows. Operands of two dtypes are widened to float32 (exact) and
+the result rounded once; what one GEMM call cannot express (1-D operands, broadcast stacks) goes to
+`cupy.matmul` (float32, float16; a bf16 one is widened first).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from xtrain_lessons.runtime.cublas_direct import direct_cublas
+
 __all__ = ["matmul", "array_matmul", "is_bf16"]
 
-# cuBLAS's enums (library_types.h, cublas_api.h); CuPy's binding takes them as plain ints
-CUDA_R_32F, CUDA_R_16BF = 0, 14
+# cuBLAS's enums (library_types.h, cublas_api.h), passed as plain ints
+CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF = 0, 2, 14
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
 CUBLAS_COMPUTE_32F = 68
 CUBLAS_GEMM_DEFAULT = -1
 _ALPHA, _BETA = np.ones(1, np.float32), np.zeros(1, np.float32)  # host scalars (cuBLAS's default pointer mode)
+_CUDA_TYPE = {"f": CUDA_R_32F, "e": CUDA_R_16F, "E": CUDA_R_16BF}  # by dtype char: float32, float16, bfloat16
 
 
 def is_bf16(a) -> bool:
     return np.dtype(a.dtype).char == "E"  # ml_dtypes.bfloat16
 
 
-def _cupy_does_it(a, b, out) -> bool:
-    """cupy.matmul can make this product itself (see the module doc)."""
-    if not (is_bf16(a) or is_bf16(b) or (out is not None and is_bf16(out))):
-        return True
-    return a.ndim == 2 and b.ndim == 2 and is_bf16(a) and is_bf16(b) and (out is None or is_bf16(out))
-
-
 def matmul(a, b, out=None):
     """a @ b on the GPU (see the module doc); `out` receives the result in its own dtype."""
     import cupy  # noqa: PLC0415 - only ever called with CuPy arrays
 
-    if _cupy_does_it(a, b, out):
-        return cupy.matmul(a, b) if out is None else cupy.matmul(a, b, out=out)
-    if _batched_bf16_fits(a, b, out):
-        return _batched_bf16(cupy, a, b, out)
-    want = np.result_type(a.dtype, b.dtype)  # bf16 @ bf16 -> bf16, bf16 @ float32 -> float32
-    a32 = a if a.dtype == np.float32 else a.astype(np.float32)
-    b32 = b if b.dtype == np.float32 else b.astype(np.float32)
-    if out is not None and out.dtype == np.float32:
-        return cupy.matmul(a32, b32, out=out)
-    res = cupy.matmul(a32, b32)
-    if out is None:
-        return res if want == np.float32 else res.astype(want)
-    out[...] = res
-    return out
+    if a.dtype != b.dtype:  # widen both to float32 (exact), round the result once
+        want = np.result_type(a.dtype, b.dtype)
+        a32, b32 = (x if x.dtype == np.float32 else x.astype(np.float32) for x in (a, b))
+        if out is not None and out.dtype == np.float32:
+            return matmul(a32, b32, out)
+        res = matmul(a32, b32)
+        res = res if want == np.float32 else res.astype(want)
+        if out is None:
+            return res
+        out[...] = res
+        return out
+    if _one_gemm(a, b, out):
+        return _gemm(cupy, a, b, out)
+    if is_bf16(a):  # CuPy has no bf16 here: widen, multiply, round once
+        res = cupy.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
+        if out is None:
+            return res
+        out[...] = res
+        return out
+    return cupy.matmul(a, b) if out is None else cupy.matmul(a, b, out=out)
 
 
-def _batched_bf16_fits(a, b, out) -> bool:
-    return (is_bf16(a) and is_bf16(b) and a.ndim == b.ndim > 2 and a.shape[:-2] == b.shape[:-2]
-            and a.shape[-1] == b.shape[-2] and 0 not in a.shape and b.shape[-1] > 0
-            and (out is None or out.dtype == np.float32 or is_bf16(out)))
+def _one_gemm(a, b, out) -> bool:
+    """One cublasGemmStridedBatchedEx can make a @ b (same-dtype operands, see the module doc)."""
+    return (a.dtype.char in _CUDA_TYPE and a.ndim >= 2 and b.ndim >= 2 and a.shape[-1] == b.shape[-2]
+            and (b.ndim == 2 or a.shape[:-2] == b.shape[:-2]) and 0 not in a.shape and 0 not in b.shape
+            and (out is None or out.dtype in (a.dtype, np.float32)))
 
 
 def _column_major(x):
@@ -92,10 +99,17 @@ def _column_major(x):
     return (op, ld, stride) if stride >= 0 else None
 
 
-def _batched_bf16(cupy, a, b, out):
-    """a @ b for stacked bf16 a (..., m, k), b (..., k, n): one cublasGemmStridedBatchedEx."""
-    from cupy_backends.cuda.libs import cublas  # noqa: PLC0415 - CuPy's own binding of cuBLAS
-
+def _gemm(cupy, a, b, out):
+    """a @ b for a (..., m, k), b (..., k, n) or (k, n): one cublasGemmStridedBatchedEx."""
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    if b.ndim == 2 and a.ndim > 2:  # every row of the stack times b: one 2-D product
+        flat_out = out.reshape(-1, n) if out is not None and out.flags.c_contiguous else None
+        res = _gemm(cupy, cupy.ascontiguousarray(a).reshape(-1, k), b, flat_out)
+        if out is None:
+            return res.reshape(*a.shape[:-1], n)
+        if flat_out is None:
+            out[...] = res.reshape(out.shape)
+        return out
     la, lb = _column_major(a), _column_major(b)
     if la is None:
         a = cupy.ascontiguousarray(a)
@@ -103,16 +117,20 @@ def _batched_bf16(cupy, a, b, out):
     if lb is None:
         b = cupy.ascontiguousarray(b)
         lb = _column_major(b)
-    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     shape = a.shape[:-2] + (m, n)
     c = out
     if c is None or c.shape != shape or not c.flags.c_contiguous:
-        c = cupy.empty(shape, np.float32 if out is not None and out.dtype == np.float32 else a.dtype)
-    c_type = CUDA_R_32F if c.dtype == np.float32 else CUDA_R_16BF
-    cublas.gemmStridedBatchedEx(
-        cupy.cuda.device.get_cublas_handle(), lb[0], la[0], n, m, k, _ALPHA.ctypes.data,
-        b.data.ptr, CUDA_R_16BF, lb[1], lb[2], a.data.ptr, CUDA_R_16BF, la[1], la[2], _BETA.ctypes.data,
-        c.data.ptr, c_type, n, m * n, int(np.prod(shape[:-2])), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+        c = cupy.empty(shape, out.dtype if out is not None else a.dtype)
+    args = (lb[0], la[0], n, m, k, _ALPHA.ctypes.data, b.data.ptr, _CUDA_TYPE[b.dtype.char], lb[1], lb[2],
+            a.data.ptr, _CUDA_TYPE[a.dtype.char], la[1], la[2], _BETA.ctypes.data, c.data.ptr,
+            _CUDA_TYPE[c.dtype.char], n, m * n, int(np.prod(shape[:-2])), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+    blas = direct_cublas(cupy)
+    if blas is not None:
+        blas.gemm_strided_batched_ex(cupy.cuda.get_current_stream().ptr, *args)
+    else:  # CuPy's binding: the same call, refused inside a graph capture
+        from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
+
+        cublas.gemmStridedBatchedEx(cupy.cuda.device.get_cublas_handle(), *args)
     if out is not None and c is not out:
         out[...] = c
         return out

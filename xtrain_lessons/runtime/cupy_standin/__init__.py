@@ -28,6 +28,14 @@ It follows CuPy's rules where a NumPy-only program would pass unnoticed:
   A name is served by NumPy's function of that name: the *values* are NumPy's, not CuPy's.
 * `RawKernel` / `RawModule` compile the CUDA C source with the package's CPU emulator and
   run it on the wrapped arrays (NumPy arrays are refused, as on a GPU).
+* cuBLAS as CuPy reaches it: `cupy_backends.cuda.libs.cublas.gemmStridedBatchedEx` reads device
+  memory column-major through the pointers it is given and checks what cuBLAS checks (leading
+  dimensions, types, every element inside one live device array); `direct_cublas()` stands for
+  runtime/cublas_direct (cuBLAS's own entry point). A CUDA graph capture (`Stream.begin_capture`)
+  runs every call as it is made but refuses what CUDA or CuPy refuse while capturing: a host
+  synchronisation, a host <-> device copy, and any call through CuPy's cuBLAS binding (cupy.matmul,
+  dot, einsum: "calling cuBLAS API during stream capture is currently unsupported", seen on an
+  H100); its Graph cannot be replayed.
 * `cuda.Device`, `cuda.Stream`, `cuda.runtime` and a `MemoryPool` that does CuPy's
   bookkeeping: every new array takes a block rounded up to 512 bytes, freed blocks are
   cached for reuse (``used_bytes`` / ``total_bytes`` / ``free_all_blocks``).
@@ -68,6 +76,16 @@ _HOST_MSG = ("Implicit conversion to a NumPy array is not allowed. "
 
 
 _capturing: list = []  # the stream that is capturing a CUDA graph now, if any
+
+
+_CUBLAS_IN_CAPTURE = "calling cuBLAS API during stream capture is currently unsupported"  # CuPy 14's words
+
+
+def _refuse_cublas_in_capture() -> None:
+    """CuPy's binding of cuBLAS (cupy.matmul, dot, einsum, cupy_backends' cublas) refuses every call
+    while a stream captures: its setStream raises NotImplementedError (seen on an H100)."""
+    if _capturing:
+        raise NotImplementedError(_CUBLAS_IN_CAPTURE)
 
 
 def _refuse_in_capture(what: str) -> None:
@@ -396,6 +414,7 @@ def _refuse_bf16_batched(a, b) -> None:
 def _matmul(a, b, out=None):
     """cuBLAS's product: float32 accumulation, the result in the operands' dtype (NumPy with
     ml_dtypes gives float32 for bfloat16 operands; CuPy gives bfloat16); 2-D only for bfloat16."""
+    _refuse_cublas_in_capture()
     _refuse_bf16_batched(a, b)
     want = np.result_type(a, b)
     if want.itemsize < 4 and want.kind in "fV":  # float16 / bfloat16: NumPy has no BLAS for them;
@@ -513,6 +532,8 @@ def _function(name, f):
     host_ok = name in _CONVERTERS
 
     def run(*args, **kwargs):
+        if name in ("dot", "tensordot", "einsum", "inner", "vdot"):
+            _refuse_cublas_in_capture()
         res = (_matmul if name == "matmul" else f)(*_unwrap(args, host_ok),
                                                    **{k: _unwrap(v, host_ok) for k, v in kwargs.items()})
         if host_ok:
@@ -803,11 +824,36 @@ def _host_float(ptr) -> float:
 
 def _gemm_strided_batched_ex(handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb,
                              strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType, algo):
-    """cublasGemmStridedBatchedEx, column-major as cuBLAS is: C_i = alpha op(A_i) op(B_i) + beta C_i
-    for i < batchCount, op(A) (m x k), op(B) (k x n), C (m x n); float32 accumulation. Checks what
-    cuBLAS checks (handle, sizes, leading dimensions, supported types) and where the operands lie."""
+    """CuPy's binding of cublasGemmStridedBatchedEx: refused while a stream captures (as CuPy does),
+    else _gemm."""
     if handle != _CUBLAS_HANDLE:
         raise CUBLASError("CUBLAS_STATUS_NOT_INITIALIZED", "not a cuBLAS handle")
+    _refuse_cublas_in_capture()
+    _gemm("gemmStridedBatchedEx", transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb, strideB,
+          beta, C, Ctype, ldc, strideC, batchCount, computeType, algo)
+
+
+class _DirectCublas:
+    """runtime/cublas_direct.DirectCublas on the stand-in: cuBLAS's own entry point, which a graph
+    capture may record."""
+
+    def gemm_strided_batched_ex(self, stream_ptr, *args) -> None:
+        _gemm("cublasGemmStridedBatchedEx", *args)
+
+
+_direct = _DirectCublas()
+
+
+def direct_cublas():
+    """What runtime/cublas_direct.direct_cublas gives on the stand-in (no libcublas to load)."""
+    return _direct
+
+
+def _gemm(name, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb,
+          strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType, algo):
+    """cublasGemmStridedBatchedEx, column-major as cuBLAS is: C_i = alpha op(A_i) op(B_i) + beta C_i
+    for i < batchCount, op(A) (m x k), op(B) (k x n), C (m x n); float32 accumulation. Checks what
+    cuBLAS checks (sizes, leading dimensions, supported types) and where the operands lie."""
     if computeType != 68:  # CUBLAS_COMPUTE_32F, the only one the engine asks for
         raise CUBLASError("CUBLAS_STATUS_NOT_SUPPORTED", f"compute type {computeType}")
     a_dt, b_dt, c_dt = _cuda_dtype(Atype), _cuda_dtype(Btype), _cuda_dtype(Ctype)
@@ -828,7 +874,7 @@ def _gemm_strided_batched_ex(handle, transa, transb, m, n, k, alpha, A, Atype, l
     res = _host_float(alpha) * np.matmul(op_a.astype(np.float32), op_b.astype(np.float32))
     if _host_float(beta) != 0:
         res += _host_float(beta) * c.astype(np.float32)
-    _device_call("library", "gemmStridedBatchedEx", a, b, c)
+    _device_call("library", name, a, b, c)
     c[...] = res.astype(c_dt)
 
 
