@@ -108,9 +108,11 @@ TABLE: list[Phase] = [
            "measure/profiler.py", "cli/bench.py", "runtime/kernels/_common.py", "runtime/kernels/rmsnorm.py",
            "runtime/kernels/swiglu.py", "runtime/kernels/rope.py", "runtime/kernels/softmax.py",
            "runtime/kernels/cross_entropy.py", "runtime/kernels/residual.py", "runtime/kernels/grad_norm.py",
-           "runtime/fused.py", "measure/bench_gpu.py", "measure/device_calls.py"],
+           "runtime/fused.py", "measure/bench_gpu.py", "measure/device_calls.py", "training/cuda_graph.py",
+           "runtime/cublas_direct.py"],
           ["test_cpu_threads.py", "test_blas.py", "test_fused_rows.py", "test_profiler.py",
-           "test_kernels_adamw.py", "test_kernels_step.py", "test_gpu_engine.py"], reference="~3×, 2.7K → 8.5K tok/s"),
+           "test_kernels_adamw.py", "test_kernels_step.py", "test_gpu_engine.py", "test_cuda_graph.py"],
+          reference="~3×, 2.7K → 8.5K tok/s"),
     Phase("T08", "data_parallel", "Data parallelism",
           "a ring all-reduce by hand, DDP, weak vs strong scaling",
           ["parallel/collectives.py", "parallel/ring.py", "parallel/ddp.py", "measure/ddp_experiments.py"],
@@ -173,15 +175,15 @@ PHASES = {p.id: (p.topic, p.modules, p.tests) for p in TABLE}
 # ---- what runs where ----------------------------------------------------------------------------
 # (what, on the CPU (NumPy), on a GPU (CuPy)). The GPU column is the engine's target while the GPU
 # path is being built (update it here when it lands).
-GPU_STATUS = ("run on one H100 (November 2026): float32 1.11-1.15x torch eager; bf16 0.19-0.81x torch "
-              "autocast with every product widened to float32 (2-D ones now on the tensor cores: not yet timed)")
+GPU_STATUS = ("run on one H100 (November 2026), against torch in the same run: float32 1.26-1.27x torch eager "
+              "at the 20m and GPT-2-small shapes (0.89x at the launch-bound tiny one); the step as a CUDA graph "
+              "1.28-4.3x eager in float32 and 1.42-1.45x torch autocast in bf16 (eager: 0.74-0.88x)")
 RUNS_WHERE: list[tuple[str, str, str]] = [
     ("float32", "real: NumPy float32, matmuls through MKL or OpenBLAS",
-     "real: CuPy float32, matmuls through cuBLAS"),
+     "real: CuPy float32, every product one cuBLAS GEMM (no TF32)"),
     ("bf16", "real bf16 storage (ml_dtypes), float32 arithmetic: the values and rounding of bf16, not its speed",
-     "real bf16 arrays (CuPy 14 + ml_dtypes); 2-D products on the tensor cores (cuBLAS, float32 "
-     "accumulation), attention's stacked products widened to float32 (CuPy's batched matmul has no bf16), "
-     "the course's kernels compute in float32 inside"),
+     "real bf16 arrays (CuPy 14 + ml_dtypes); every product, attention's too, one cuBLAS GEMM on the "
+     "tensor cores with float32 accumulation; the course's kernels compute in float32 inside"),
     ("fp16", "real float16 storage, float32 arithmetic, dynamic loss scaling",
      "real float16 storage; cuBLAS matmuls on float16 operands with float32 accumulation, loss scaling"),
     ("CUDA C kernels", "the same .cu source compiled by the C++ compiler and run on the emulator: "
@@ -190,8 +192,9 @@ RUNS_WHERE: list[tuple[str, str, str]] = [
     ("memory", "host RAM; the notebooks measure NumPy's allocations (tracemalloc)",
      "device memory through CuPy's memory pool"),
     ("speed", "the CPU's float32 matmul peak (T00 measures it); the course's models are sized to train in minutes",
-     "one launch per op (a few hundred per step of the tiny model), no host synchronisation in a step; "
-     "T07 counts the launches and estimates the step on a named GPU"),
+     "one launch per op (a few hundred per step of the tiny model), no host synchronisation in a step, "
+     "or the whole step as one CUDA graph (`xtrain bench train --cuda-graph`); T07 counts the launches and "
+     "estimates the step on a named GPU"),
 ]
 
 

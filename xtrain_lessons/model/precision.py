@@ -31,10 +31,9 @@ inf, a gradient below 2^-25 becomes 0, hence loss scaling (training/grad_scaler.
 On a GPU (CuPy, or the tests' stand-in) the arrays are real bfloat16 (`ml_dtypes.bfloat16`, CuPy
 14) or float16, and the ops are the float32 model's own (`forward_lowp` passes them): the fused
 kernels of runtime/fused.py read and write the low-precision storage with float32 arithmetic
-inside, and the products accumulate in float32, rounded once: float16 and 2-D bfloat16 operands go
-to cuBLAS as they are (tensor cores); attention's stacked bfloat16 products are widened to float32
-first (runtime/gpu_blas.py: CuPy 14.2's batched matmul has no bfloat16), the same values at
-float32's speed. Two roundings differ from the CPU's emulation, as they do under torch.autocast:
+inside, and the products accumulate in float32, rounded once: every float16 or bfloat16 product,
+attention's stacked ones too, is one cuBLAS GEMM on the tensor cores (runtime/gpu_blas.py). Two
+roundings differ from the CPU's emulation, as they do under torch.autocast:
 the attention scores come out of cuBLAS in bf16 (the softmax then runs in float32 in its kernel),
 and a weight's gradient is a bf16 product widened to the float32 master. The activation memory is
 saved as on the CPU. Weight copies are cast by kernels/bf16.cu (round to nearest even, bit-

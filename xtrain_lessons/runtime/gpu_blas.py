@@ -92,7 +92,7 @@ def _column_major(x):
         op, ld = CUBLAS_OP_T, cs  # a transposed view
     else:
         return None
-    dims = [(n, s) for n, s in zip(x.shape[:-2], batch) if n > 1]
+    dims = list(zip(x.shape[:-2], batch))  # length-1 axes too: the same calls whatever the batch size
     if any(s_outer != s_inner * n_inner for (_, s_outer), (n_inner, s_inner) in zip(dims, dims[1:])):
         return None  # the batch does not fold into one stride
     stride = dims[-1][1] if dims else 0
