@@ -73,11 +73,9 @@ def adamw_flat(p, g, m, v, step: int, lr: float, betas=(0.9, 0.999), eps: float 
            + (np.int32(n), np.int32(n_decay)))
 
 
-def adamw_flat_scaled(p, g, m, v, factors, step: int, lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
-                      weight_decay: float = 0.0, n_decay: int | None = None) -> None:
-    """adamw_flat with the gradients multiplied by factors[1] and the step skipped when
-    factors[2] != 0, both read on the device (see the module doc). One launch."""
-    fn = "adamw_flat_scaled"
+def _checked_flat(fn, p, g, m, v, **threes):
+    """(array module, n): p, g, m, v contiguous float32 (n,) arrays on one device, each of `threes`
+    a float32 (3,) array there (grad_norm's factors, the step's scalars); else one clear error."""
     xp = device_of(fn, "p", p)
     check(fn, "p", p, xp, (F32,))
     if p.ndim != 1:
@@ -85,7 +83,16 @@ def adamw_flat_scaled(p, g, m, v, factors, step: int, lr: float, betas=(0.9, 0.9
     n = int(p.size)
     for name, a in (("g", g), ("m", m), ("v", v)):
         check(fn, name, a, xp, (F32,), (n,))
-    check(fn, "factors", factors, xp, (F32,), (3,))  # grad_norm.global_norm_and_clip's out
+    for name, a in threes.items():
+        check(fn, name, a, xp, (F32,), (3,))
+    return xp, n
+
+
+def adamw_flat_scaled(p, g, m, v, factors, step: int, lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
+                      weight_decay: float = 0.0, n_decay: int | None = None) -> None:
+    """adamw_flat with the gradients multiplied by factors[1] and the step skipped when
+    factors[2] != 0, both read on the device (see the module doc). One launch."""
+    xp, n = _checked_flat("adamw_flat_scaled", p, g, m, v, factors=factors)
     if n == 0:
         return
     n_decay = n if n_decay is None else int(n_decay)
@@ -106,16 +113,7 @@ def adamw_flat_graphed(p, g, m, v, factors, step_scalars, betas=(0.9, 0.999), ep
                        n_decay: int | None = None) -> None:
     """adamw_flat_scaled with decay, bc2_sqrt and neg_step read from `step_scalars` on the device
     (see the module doc). One launch of `adamw_step_graphed`."""
-    fn = "adamw_flat_graphed"
-    xp = device_of(fn, "p", p)
-    check(fn, "p", p, xp, (F32,))
-    if p.ndim != 1:
-        raise ValueError(f"{fn}: p must be 1-D, got shape {tuple(p.shape)}")
-    n = int(p.size)
-    for name, a in (("g", g), ("m", m), ("v", v)):
-        check(fn, name, a, xp, (F32,), (n,))
-    check(fn, "factors", factors, xp, (F32,), (3,))
-    check(fn, "step_scalars", step_scalars, xp, (F32,), (3,))
+    xp, n = _checked_flat("adamw_flat_graphed", p, g, m, v, factors=factors, step_scalars=step_scalars)
     if n == 0:
         return
     n_decay = n if n_decay is None else int(n_decay)
