@@ -1,10 +1,14 @@
 """The project's own files: dependency lists agree, README commands and links are real."""
 
 import importlib.util
+import os
 import re
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,7 +68,22 @@ def _readme_command(which):
 def test_readme_has_two_one_line_commands():
     assert _readme_command("main").startswith("pip install -e .")
     test_command = _readme_command("test")
-    assert "torch==2.13.0" in test_command and "pytest" in test_command
+    assert "torch==2.13.0" in test_command and "bash scripts/run_tests.sh" in test_command
+    script = (REPO / "scripts" / "run_tests.sh").read_text()
+    assert 'python -m pytest "$@"' in script  # everything, as installed
+    assert 'XTRAIN_BLAS=numpy XTRAIN_THREADS=1 python -m pytest tests -m "not standin"' in script
+
+
+@pytest.mark.parametrize("first,second", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_the_test_script_fails_when_either_run_fails(tmp_path, first, second):
+    """scripts/run_tests.sh runs its two pytest runs at once: it must wait for both and fail if
+    either did (a `python` stand-in on PATH plays the two runs)."""
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\ncase "$*" in *"not standin"*) sleep 1; exit {second};; *) exit {first};; esac\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    res = subprocess.run(["bash", str(REPO / "scripts" / "run_tests.sh")], env=env, capture_output=True, text=True)
+    assert (res.returncode != 0) == bool(first or second), res.stdout + res.stderr
 
 
 def test_ci_runs_the_readme_test_command():

@@ -116,6 +116,7 @@ class CudaGraphStep:
         step0 = o._step
         eager_loss = self._body().copy()
         eager = [a.copy() for a in self._state()]
+        eager_factors = o.last_factors  # [norm, clip factor, skip] of the eager step
         for a, b in zip(self._state(), before):
             a[...] = b
         o._step = step0
@@ -136,7 +137,7 @@ class CudaGraphStep:
         self.graph = None  # keep the eager step's result
         for a, b in zip(self._state(), eager):
             a[...] = b
-        o._step = step0 + 1
+        o._step, o.last_factors = step0 + 1, eager_factors
         return eager_loss
 
     def _capture(self):
