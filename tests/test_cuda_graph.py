@@ -133,6 +133,10 @@ def test_the_batch_is_checked_on_the_host(standin):
         step(bad)
     with pytest.raises(ValueError, match="the batch must be"):
         step(bad[0])
+    bad = _batches(300, 2, 16, 1)[0].copy()
+    bad[1, -1] = -5  # a target only (the last column is never an input)
+    with pytest.raises(ValueError, match=r"targets must lie in \[0, 300\)"):
+        step(bad)
 
 
 @pytest.mark.gpu

@@ -141,7 +141,7 @@ def linear_cross_entropy(x: Tensor, w: Tensor, targets, ignore_index: int = -100
     return make_node(loss, (x, w), backward, "linear_cross_entropy")
 
 
-def _host_targets(targets, lead_shape, V: int, ignore_index: int):
+def host_targets(targets, lead_shape, V: int, ignore_index: int):
     """(targets as int64 (N,) on the host, number of valid ones), checked on the host: free when
     they come from the host, as a training batch does (device targets cost one synchronisation);
     HostChecked targets were checked before their copy and stay on the device."""
@@ -173,7 +173,7 @@ def _linear_cross_entropy_gpu(x: Tensor, w: Tensor, targets, ignore_index: int) 
     n_in, V = x.shape[-1], w.shape[0]
     x2 = x.data.reshape(-1, n_in)
     N = x2.shape[0]
-    t_host, n_valid = _host_targets(targets, x.shape[:-1], V, ignore_index)
+    t_host, n_valid = host_targets(targets, x.shape[:-1], V, ignore_index)
     t = xp.asarray(t_host)  # one copy to the device
     inv_count = np.float32(1.0 / n_valid) if n_valid else np.float32(np.nan)  # no valid target: nan, as torch
     buf = array_matmul(x2, w.data.T)  # (N, V) logits, then exp, then the gradient

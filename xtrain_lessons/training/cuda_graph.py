@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from xtrain_lessons.model.layers import host_targets
 from xtrain_lessons.runtime.device import HostChecked, import_cupy
 from xtrain_lessons.runtime.kernels.adamw import adamw_step_scalars
 
@@ -94,10 +95,8 @@ class CudaGraphStep:
         V = self.model.config.vocab_size
         if ids.min() < 0 or ids.max() >= V:
             raise ValueError(f"Model: token ids must lie in [0, {V}), got [{ids.min()}, {ids.max()}]")
-        valid = targets != self.ignore_index
-        if valid.any() and (targets[valid].min() < 0 or targets[valid].max() >= V):
-            raise ValueError(f"cross_entropy: targets must lie in [0, {V}) or equal ignore_index={self.ignore_index}")
-        return ids, targets, int(valid.sum())
+        _, n_valid = host_targets(targets, ids.shape, V, self.ignore_index)  # the loss's own check
+        return ids, targets, n_valid
 
     def _advance(self) -> None:
         """The host-side bookkeeping of FusedAdamW.step that a replay does not run."""
