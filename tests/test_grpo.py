@@ -12,20 +12,19 @@ from xtrain_lessons.cli import main, grpo
 from xtrain_lessons.autograd.tensor import Tensor, no_grad
 from xtrain_lessons.model.batching import forward_loop, forward_ragged
 from xtrain_lessons.model.generate import generate
-from xtrain_lessons.training.grpo import (
+from xtrain_lessons.training.posttrain.advantages import group_advantages
+from xtrain_lessons.training.posttrain.aggregate import masked_mean_per_sequence
+from xtrain_lessons.training.posttrain.grpo import (
     GRPOConfig,
     Rollout,
     clipped_pg_loss,
     clipped_pg_loss_looped,
-    group_advantages,
-    masked_mean_per_sequence,
     rollout_batch,
     sample_group,
-    sequence_logprobs,
-    token_logprobs,
 )
+from xtrain_lessons.training.posttrain.logprobs import sequence_logprobs, token_logprobs
 from xtrain_lessons.model.qwen3 import PRESETS, Model
-from xtrain_lessons.training.rewards import EOT, RewardError, load_reward
+from xtrain_lessons.training.posttrain.rewards import EOT, RewardError, load_reward
 
 CFG = PRESETS["test"]
 
@@ -191,15 +190,18 @@ def test_kl_k3_is_zero_at_the_reference_and_positive_elsewhere():
 # ----- advantages -------------------------------------------------------------------------
 
 def test_group_advantages():
-    a = group_advantages([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]], eps=0.0 + 1e-4)
+    a = group_advantages([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]], eps=1e-4, ddof=0)
     np.testing.assert_allclose(a[0], np.array([1, -1, -1, 1]) * 0.5 / (0.5 + 1e-4), rtol=1e-12)
     assert (a[1] == 0).all()  # no spread: no signal
     r = np.random.default_rng(0).normal(size=(3, 8))
-    a = group_advantages(r)
+    a = group_advantages(r)  # the default: the sample std (ddof 1), as torch.std
     np.testing.assert_allclose(a.mean(1), 0, atol=1e-12)
-    np.testing.assert_allclose(a, (r - r.mean(1, keepdims=True)) / (r.std(1, keepdims=True) + 1e-4))
+    np.testing.assert_allclose(a, (r - r.mean(1, keepdims=True)) / (r.std(1, ddof=1, keepdims=True) + 1e-4))
+    np.testing.assert_allclose(group_advantages(r, normalize_by_std=False), r - r.mean(1, keepdims=True))
     with pytest.raises(ValueError, match="n_groups, G"):
         group_advantages([1.0, 2.0])
+    with pytest.raises(ValueError, match="no sample std"):
+        group_advantages([[1.0], [2.0]])
 
 
 # ----- rollouts ---------------------------------------------------------------------------
@@ -335,7 +337,7 @@ def test_bench_grpo_runs_and_agrees(capsys):
 
 
 def test_grpo_step_starts_at_ratio_one_and_raises_a_reward():
-    from xtrain_lessons.training.grpo import grpo_step  # noqa: PLC0415
+    from xtrain_lessons.training.posttrain.grpo import grpo_step  # noqa: PLC0415
     from xtrain_lessons.training.optim import AdamW  # noqa: PLC0415
 
     model, ref = Model(CFG, seed=0), Model(CFG, seed=0)

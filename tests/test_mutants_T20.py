@@ -9,7 +9,7 @@ import pytest
 from mutants import T20_grpo as M  # noqa: E402  (tests/ is on sys.path under pytest)
 from xtrain_lessons.autograd.tensor import Tensor, no_grad
 from xtrain_lessons.course.checks import check_fn
-from xtrain_lessons.training.grpo import (
+from xtrain_lessons.training.posttrain.grpo import (
     clipped_pg_loss,
     group_advantages,
     masked_mean_per_sequence,
@@ -98,7 +98,7 @@ def test_clipped_loss_mutants_fail(mutant, capsys):
 
 @pytest.mark.parametrize("mutant", M.GATES, ids=lambda f: f.__name__)
 def test_batched_gate_mutants_fail(mutant, gate_cases, capsys):
-    from xtrain_lessons.training.grpo import rollout_batch, sequence_logprobs  # noqa: PLC0415
+    from xtrain_lessons.training.posttrain.grpo import rollout_batch, sequence_logprobs  # noqa: PLC0415
 
     def right(model, rollouts):  # the package's batched path, sliced to the completions
         ids, targets, mask = rollout_batch(rollouts)

@@ -11,8 +11,8 @@ import numpy as np
 from xtrain_lessons.autograd import ops
 from xtrain_lessons.autograd.tensor import Tensor, no_grad
 from xtrain_lessons.model.batching import pad_batch
-from xtrain_lessons.training.grpo import Rollout, token_logprobs
-from xtrain_lessons.training.grpo import masked_mean_per_sequence as xl_masked_mean
+from xtrain_lessons.training.posttrain.grpo import Rollout, token_logprobs
+from xtrain_lessons.training.posttrain.grpo import masked_mean_per_sequence as xl_masked_mean
 
 
 # ----- T20.1 group_advantages -------------------------------------------------------------

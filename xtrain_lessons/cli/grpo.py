@@ -26,9 +26,9 @@ from pathlib import Path
 
 from xtrain_lessons.runtime.cpu_threads import get_threads, set_blas_threads
 from xtrain_lessons.training.checkpoint import CheckpointError
-from xtrain_lessons.training.grpo import GRPOConfig
-from xtrain_lessons.training.post_train import post_train
-from xtrain_lessons.training.rewards import RewardError, load_reward
+from xtrain_lessons.training.posttrain.grpo import GRPOConfig
+from xtrain_lessons.training.posttrain.post_train import post_train
+from xtrain_lessons.training.posttrain.rewards import RewardError, load_reward
 from xtrain_lessons.training.rundir import load_run
 
 DEFAULT_PROMPTS = ["Once upon a time", "One day, a little", "The cat", "Tom and his mom",

@@ -162,8 +162,10 @@ TABLE: list[Phase] = [
           reference="the v0–v10 study: data saturates; more data, then capacity, help most together"),
     Phase("T20", "grpo", "Post-training with GRPO",
           "REINFORCE, group-relative advantages, the clipped surrogate with a KL term, a reward that rises",
-          ["training/grpo.py", "training/rewards.py", "training/post_train.py", "cli/grpo.py",
-           "measure/grpo_bench.py"], ["test_grpo.py", "test_mutants_T20.py"], needs=("T10",),
+          ["training/posttrain/grpo.py", "training/posttrain/rewards.py",
+           "training/posttrain/post_train.py", "training/posttrain/batch.py", "training/posttrain/logprobs.py",
+           "training/posttrain/aggregate.py", "training/posttrain/advantages.py", "training/posttrain/pg_loss.py",
+           "cli/grpo.py", "measure/grpo_bench.py"], ["test_grpo.py", "test_mutants_T20.py"], needs=("T10",),
           reference="batched clipped-PG loss == looped to 1.5e-8"),
 ]
 

@@ -15,9 +15,9 @@ from tqdm import tqdm
 
 from xtrain_lessons.training.checkpoint import save_checkpoint
 from xtrain_lessons.training.data import TokenDataset
-from xtrain_lessons.training.grpo import grpo_step, sample_group
+from xtrain_lessons.training.posttrain.grpo import grpo_step, sample_group
 from xtrain_lessons.training.optim import AdamW
-from xtrain_lessons.training.rewards import EOT
+from xtrain_lessons.training.posttrain.rewards import EOT
 from xtrain_lessons.training.tokenizer import atomic_write_bytes, eot_id, tokenizer_hash
 from xtrain_lessons.training.validation import evaluate
 

@@ -1,4 +1,4 @@
-"""GRPO: post-training a pretrained model towards a reward (phase T20).
+"""GRPO: post-training a model towards a reward (phase T21).
 
 Group-relative policy optimisation (DeepSeekMath, 2024) is PPO without a value network: the
 baseline of a completion is the mean reward of the other completions of the same prompt.
@@ -6,30 +6,24 @@ baseline of a completion is the mean reward of the other completions of the same
 One step of `grpo_step`:
 
     for each prompt:  G completions, sampled with the KV cache (`sample_group`)
-    rewards r (n_prompts, G)  ->  advantages A = (r - mean_group) / (std_group + eps)
-    one no-grad forward of the right-padded batch: old log-probs pi_old(token)  (and of the
-        frozen reference model, for the KL penalty)
-    inner_steps times:  loss = clipped surrogate (below); backward; clip grad; AdamW
+    rewards r (n_prompts, G)  ->  advantages (advantages.py: r - mean, divided by the std or not)
+    one no-grad forward of the right-padded batch: old log-probs pi_old(token), the entropy of
+        each position (and the frozen reference model's log-probs, for the KL penalty)
+    inner_steps times:  per-token loss (pg_loss.py) + beta * KL_k3, aggregated (aggregate.py);
+                        backward; clip grad; AdamW
 
-The loss of completion i, token t (ratio rho = pi / pi_old, both at temperature 1):
-    l_it = -( min(rho * A_i, clip(rho, 1 - eps, 1 + eps) * A_i) - beta * KL_it )
-    KL_it = exp(q - p) - (q - p) - 1         (k3 estimator, p = log pi, q = log pi_ref; >= 0)
-
-Normalisation (the GRPO paper's): the mean over the completion's own tokens, then the mean
-over all completions, L = (1/N) sum_i (1/|o_i|) sum_t l_it. Each completion carries ONE
-advantage, so each counts once whatever its length: a long completion does not get more say
-than a short one with the same advantage, and the loss scale does not depend on how long
-the model chooses to talk. (The cost, known since "Dr. GRPO": a wrong long answer is pushed
-down less per token than a wrong short one; with the small rewards of this course that bias
-is harmless, and the batched-vs-looped gate is exactly this per-sequence mean.)
+The per-token loss is GRPO's clipped ratio by default (cfg.loss: "no_baseline" and "reinforce"
+are the rest of the family), and the aggregation GRPO's mean per completion, then over the
+completions (cfg.aggregation: "constant" divides the masked sum by B x max_new_tokens, as Dr.
+GRPO does; "token_mean" weighs every token of the batch the same).
 
 Only completion tokens count (the prompt is given, not chosen); the end-of-text token that
 stopped a completion IS one of its tokens (stopping is an action the reward may judge).
 Sequences of different lengths share one right-padded batch: under the causal mask the pads
 never reach a real position (T10), and the mask keeps them out of the loss.
 
-    from xtrain_lessons.training.grpo import GRPOConfig, grpo_step
-    metrics = grpo_step(model, ref, opt, prompts_ids, prompts_text, reward, tok, cfg, rng)
+    from xtrain_lessons.training.posttrain.grpo import GRPOConfig, grpo_step
+    metrics = grpo_step(model, ref, opt, prompts, reward, cfg, rng, eos_id, decode)
 """
 
 from __future__ import annotations
@@ -39,16 +33,26 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from xtrain_lessons.autograd import ops
-from xtrain_lessons.autograd.tensor import Tensor, make_node, no_grad
-from xtrain_lessons.model.batching import pad_batch
+from xtrain_lessons.autograd.tensor import no_grad
 from xtrain_lessons.model.generate import sample_next
-from xtrain_lessons.runtime.device import array_module
 from xtrain_lessons.training.optim import clip_grad_norm
+from xtrain_lessons.training.posttrain.aggregate import AGGREGATIONS, aggregate
+from xtrain_lessons.training.posttrain.batch import prompt_response_batch
+from xtrain_lessons.training.posttrain.logprobs import (
+    host,
+    sequence_logprobs,
+    token_entropy,
+    token_logprobs,
+)
+from xtrain_lessons.training.posttrain.pg_loss import (
+    PG_METHODS,
+    clipped_pg_loss_per_token,
+    k3_kl,
+    policy_gradient_loss,
+)
 
-__all__ = ["GRPOConfig", "Rollout", "sample_group", "group_advantages", "rollout_batch",
-           "token_logprobs", "sequence_logprobs", "clipped_pg_loss", "clipped_pg_loss_looped",
-           "masked_mean_per_sequence", "collect_rollouts", "grpo_step", "entropy_of"]
+__all__ = ["GRPOConfig", "Rollout", "sample_batch", "sample_group", "rollout_batch", "clipped_pg_loss",
+           "grpo_loss", "clipped_pg_loss_looped", "collect_rollouts", "grpo_step"]
 
 
 @dataclass
@@ -67,6 +71,10 @@ class GRPOConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0          # global gradient-norm clip (0: off)
     adv_eps: float = 1e-4           # A = (r - mean) / (std + adv_eps)
+    loss: str = "grpo_clip"         # pg_loss.PG_METHODS: no_baseline, reinforce, grpo_clip
+    aggregation: str = "sequence_mean"  # aggregate.AGGREGATIONS (constant: B x max_new_tokens)
+    normalize_by_std: bool = True   # divide the advantages by the group's std (Dr. GRPO: False)
+    ddof: int = 1                   # the std's estimator: 1 sample (torch.std), 0 population
     seed: int = 0                   # sampling and prompt order
 
     def validate(self) -> "GRPOConfig":
@@ -83,6 +91,12 @@ class GRPOConfig:
             raise ValueError(f"GRPO: clip_eps must be in (0, 1), got {self.clip_eps}")
         if self.kl_coef < 0 or self.lr <= 0:
             raise ValueError("GRPO: kl_coef must be >= 0 and lr > 0")
+        if self.loss not in PG_METHODS:
+            raise ValueError(f"GRPO: loss must be one of {', '.join(PG_METHODS)}, got {self.loss!r}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"GRPO: aggregation must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}")
+        if self.ddof not in (0, 1):
+            raise ValueError(f"GRPO: ddof must be 0 (population std) or 1 (sample std), got {self.ddof}")
         return self
 
     def to_dict(self) -> dict:
@@ -100,31 +114,32 @@ class Rollout:
     ended: bool
 
 
-def sample_group(model, prompt_ids, group: int, max_new_tokens: int, temperature: float = 1.0,
+def sample_batch(model, prompts, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float | None = None, eos_id: int | None = None,
                  rng: np.random.Generator | None = None) -> list:
-    """`group` completions of one prompt, decoded together: the prompt is prefilled once for a
-    (group, T) KV cache and each step runs the group's next tokens as one (group, 1) batch.
+    """Completions of prompts of ONE length, decoded together: the prompts are prefilled once
+    into a (B, T) KV cache and each step runs the rows' next tokens as one (B, 1) batch.
+    temperature 0 is greedy.
 
     Returns a list of (ids, ended): ids includes eos_id when the completion stopped there.
-    The prompt is cropped from the left so that prompt + completion fit max_seq_len.
+    The prompts are cropped from the left so that prompt + completion fit max_seq_len.
     """
     rng = np.random.default_rng() if rng is None else rng
     L = model.config.max_seq_len
     if max_new_tokens >= L:
         raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in "
                          f"max_seq_len={L}")
-    prompt = [int(t) for t in prompt_ids][-(L - max_new_tokens):]
-    if not prompt:
-        raise ValueError("sample_group: the prompt must hold at least one token")
-    cache = model.new_cache(batch=group)
-    x = np.repeat(np.asarray([prompt], dtype=np.int64), group, axis=0)  # (G, Tp)
-    logits = _host(model.forward_cached(x, cache, 0)[:, -1])  # (G, V)
-    out = [[] for _ in range(group)]
-    done = np.zeros(group, dtype=bool)
+    x = np.asarray([[int(t) for t in p][-(L - max_new_tokens):] for p in prompts], dtype=np.int64)
+    if x.ndim != 2 or x.shape[1] == 0:
+        raise ValueError("sample_batch: the prompts must be non-empty and of one length")
+    n = x.shape[0]
+    cache = model.new_cache(batch=n)
+    logits = host(model.forward_cached(x, cache, 0)[:, -1])  # (B, V)
+    out = [[] for _ in range(n)]
+    done = np.zeros(n, dtype=bool)
     for step in range(max_new_tokens):
-        nxt = np.zeros(group, dtype=np.int64)
-        for g in range(group):
+        nxt = np.zeros(n, dtype=np.int64)
+        for g in range(n):
             if not done[g]:
                 nxt[g] = sample_next(logits[g], temperature, None, top_p, rng)
                 out[g].append(int(nxt[g]))
@@ -132,131 +147,66 @@ def sample_group(model, prompt_ids, group: int, max_new_tokens: int, temperature
         if done.all() or step == max_new_tokens - 1:
             break
         # finished rows keep running (their tokens are ignored): one batch shape throughout
-        logits = _host(model.forward_cached(nxt[:, None], cache, cache.pos)[:, -1])
+        logits = host(model.forward_cached(nxt[:, None], cache, cache.pos)[:, -1])
     return [(ids, eos_id is not None and bool(ids) and ids[-1] == eos_id) for ids in out]
 
 
-def _host(a) -> np.ndarray:
-    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+def sample_group(model, prompt_ids, group: int, max_new_tokens: int, temperature: float = 1.0,
+                 top_p: float | None = None, eos_id: int | None = None,
+                 rng: np.random.Generator | None = None) -> list:
+    """`group` completions of one prompt, decoded together (`sample_batch`)."""
+    if not len(prompt_ids):
+        raise ValueError("sample_group: the prompt must hold at least one token")
+    return sample_batch(model, [list(prompt_ids)] * group, max_new_tokens, temperature, top_p, eos_id, rng)
 
-
-def group_advantages(rewards, eps: float = 1e-4) -> np.ndarray:
-    """(r - mean) / (std + eps) within each group (row) of `rewards` (n_groups, G).
-
-    std is the population std (ddof 0). A group whose rewards are all equal gets advantages
-    0: it says nothing about which completion was better, and it moves nothing."""
-    r = np.asarray(rewards, dtype=np.float64)
-    if r.ndim != 2:
-        raise ValueError(f"group_advantages: rewards must be (n_groups, G), got shape {r.shape}")
-    mean = r.mean(axis=1, keepdims=True)
-    std = r.std(axis=1, keepdims=True)
-    return (r - mean) / (std + eps)
-
-
-# ----- the batch and its log-probs --------------------------------------------------------
 
 def rollout_batch(rollouts, pad_id: int = 0):
-    """Right-padded next-token batch of prompt + completion sequences.
-
-    Returns (ids (B, T), targets (B, T), mask (B, T) float32): position t predicts targets[b, t]
-    = token t + 1 of sequence b; mask is 1 where that token is a completion token."""
-    seqs = [list(r.prompt_ids) + list(r.ids) for r in rollouts]
-    ids, lengths = pad_batch([s[:-1] for s in seqs], pad_id)
-    targets, _ = pad_batch([s[1:] for s in seqs], pad_id)
-    mask = np.zeros(ids.shape, dtype=np.float32)
-    for b, r in enumerate(rollouts):
-        start = len(r.prompt_ids) - 1  # the position that predicts the first completion token
-        mask[b, start:start + len(r.ids)] = 1.0
-    return ids, targets, mask
-
-
-def token_logprobs(logits, targets) -> Tensor:
-    """log softmax(logits)[target] at every position, one node: (B, T, V), (B, T) -> (B, T).
-
-    Backward: d logp / d logits = onehot(target) - softmax(logits)."""
-    logits = logits if isinstance(logits, Tensor) else Tensor(logits)
-    xp = array_module(logits.data)
-    x = logits.data
-    if x.dtype != np.float32 and x.dtype != np.float64:
-        x = x.astype(np.float32)  # bf16 logits: the log-probs in float32
-    t = xp.asarray(targets)
-    m = x.max(axis=-1, keepdims=True)
-    e = xp.exp(x - m)
-    s = e.sum(axis=-1, keepdims=True)
-    picked = xp.take_along_axis(x, t[..., None], axis=-1)
-    lp = (picked - m - xp.log(s))[..., 0]
-
-    def backward(g):
-        gx = -(e / s) * g[..., None]
-        idx = t[..., None]
-        xp.put_along_axis(gx, idx, xp.take_along_axis(gx, idx, axis=-1) + g[..., None], axis=-1)
-        return (gx.astype(logits.dtype, copy=False),)
-
-    return make_node(lp, (logits,), backward, "token_logprobs")
-
-
-def sequence_logprobs(model, ids, targets) -> Tensor:
-    """Token log-probs (B, T) of `targets` under `model`, one batched forward (with a graph
-    unless called under no_grad)."""
-    return token_logprobs(model(ids), targets)
-
-
-def entropy_of(logits, mask) -> float:
-    """Mean entropy (nats) of the next-token distributions at the masked positions."""
-    x = np.asarray(_host(logits), dtype=np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    p = np.exp(x)
-    p /= p.sum(axis=-1, keepdims=True)
-    h = -(p * np.log(np.maximum(p, 1e-300))).sum(axis=-1)
-    m = np.asarray(mask, dtype=np.float64)
-    return float((h * m).sum() / max(m.sum(), 1.0))
+    """(ids (B, T), targets (B, T), mask (B, T) float32) of prompt + completion sequences
+    (`batch.prompt_response_batch`): mask is 1 where the target is a completion token."""
+    return prompt_response_batch([r.prompt_ids for r in rollouts], [r.ids for r in rollouts],
+                                 pad_id=pad_id)
 
 
 # ----- the loss ---------------------------------------------------------------------------
 
-def masked_mean_per_sequence(values, mask):
-    """(1/B) sum_b (1/n_b) sum_t values[b, t] mask[b, t], n_b = sum_t mask[b, t]: the mean over
-    each sequence's real tokens, then over the sequences. `values` a Tensor or an array."""
-    mask = np.asarray(mask, dtype=np.float64)
-    n = mask.sum(axis=1, keepdims=True)
-    w = mask / (np.maximum(n, 1.0) * mask.shape[0])  # a row without tokens weighs nothing
-    if isinstance(values, Tensor):
-        return ops.sum(values * array_module(values.data).asarray(w, dtype=values.dtype))
-    return float((np.asarray(values, dtype=np.float64) * w).sum())
+def _finish(per_token, logp, mask, ref_logp, kl_coef, aggregation, constant, clipped, ratio_of):
+    """Add beta * KL, aggregate; the statistics of the batch's real tokens."""
+    kl_value = 0.0
+    if ref_logp is not None:
+        kl = k3_kl(logp, ref_logp)
+        if kl_coef:
+            per_token = per_token + kl * kl_coef
+        kl_value = aggregate(host(kl.data), mask, aggregation, constant)
+    loss = aggregate(per_token, mask, aggregation, constant)
+    m = np.asarray(mask) > 0
+    clipped, r = host(clipped), ratio_of()
+    stats = {"clip_frac": float(clipped[m].mean()) if m.any() else 0.0, "kl": kl_value,
+             "ratio_mean": float(r[m].mean()) if m.any() else 1.0}
+    return loss, stats
 
 
 def clipped_pg_loss(logp, old_logp, adv, mask, clip_eps: float = 0.2, ref_logp=None,
-                    kl_coef: float = 0.0):
-    """The GRPO loss (module docstring) of a right-padded batch, and its statistics.
+                    kl_coef: float = 0.0, aggregation: str = "sequence_mean", constant=None):
+    """GRPO's loss of a right-padded batch from given advantages, and its statistics.
 
     logp: Tensor (B, T) of the current policy; old_logp, ref_logp: arrays (B, T); adv (B,):
     one advantage per sequence; mask (B, T): 1 on completion tokens.
     Returns (loss Tensor, {"clip_frac", "kl", "ratio_mean"}).
     """
-    xp = array_module(logp.data)  # NumPy, or CuPy on a GPU
-    old = xp.asarray(_host(old_logp), dtype=logp.dtype)
-    a = xp.asarray(_host(adv), dtype=logp.dtype)[:, None]  # (B, 1)
-    ratio = ops.exp(logp - old)  # (B, T)
-    r = ratio.data
-    # min(rho A, clip(rho) A): the clipped branch is a constant (no gradient) exactly where the
-    # ratio has left [1 - eps, 1 + eps] in the direction the advantage pushes it
-    clipped = ((a > 0) & (r > 1 + clip_eps)) | ((a < 0) & (r < 1 - clip_eps))
-    bound = xp.where(a > 0, 1 + clip_eps, 1 - clip_eps).astype(logp.dtype)
-    surrogate = ops.where(clipped, Tensor(bound * a * xp.ones_like(r)), ratio * a)
-    per_token = -surrogate
-    kl_value = 0.0
-    if ref_logp is not None:
-        d = xp.asarray(_host(ref_logp), dtype=logp.dtype) - logp  # q - p, a Tensor
-        kl = ops.exp(d) - d - 1.0  # k3: >= 0, unbiased for KL(pi || pi_ref) under pi
-        if kl_coef:
-            per_token = per_token + kl * kl_coef
-        kl_value = masked_mean_per_sequence(_host(kl.data), mask)
-    loss = masked_mean_per_sequence(per_token, mask)
-    m = np.asarray(mask) > 0
-    clipped, r = _host(clipped), _host(r)
-    stats = {"clip_frac": float(clipped[m].mean()) if m.any() else 0.0, "kl": kl_value,
-             "ratio_mean": float(r[m].mean()) if m.any() else 1.0}
-    return loss, stats
+    per_token, clipped = clipped_pg_loss_per_token(logp, old_logp, adv, clip_eps)
+    ratio = lambda: np.exp(host(logp.data).astype(np.float64) - host(old_logp))  # noqa: E731
+    return _finish(per_token, logp, mask, ref_logp, kl_coef, aggregation, constant, clipped, ratio)
+
+
+def grpo_loss(logp, old_logp, rewards, mask, cfg: GRPOConfig, ref_logp=None):
+    """The loss `grpo_step` minimises: cfg.loss's per-token loss of the group rewards
+    (n_groups, G), + cfg.kl_coef * KL, aggregated by cfg.aggregation (constant:
+    B x max_new_tokens). Returns (loss Tensor, stats)."""
+    per_token, st = policy_gradient_loss(logp, cfg.loss, rewards, old_logp, cfg.clip_eps,
+                                         cfg.normalize_by_std, cfg.ddof, cfg.adv_eps)
+    ratio = lambda: np.exp(host(logp.data).astype(np.float64) - host(old_logp))  # noqa: E731
+    return _finish(per_token, logp, mask, ref_logp, cfg.kl_coef, cfg.aggregation,
+                   logp.shape[0] * cfg.max_new_tokens, st["clipped"], ratio)
 
 
 def clipped_pg_loss_looped(model, rollouts, old_logp, adv, clip_eps: float = 0.2,
@@ -281,7 +231,7 @@ def collect_rollouts(model, prompts, reward, cfg: GRPOConfig, rng: np.random.Gen
                      eos_id: int | None, decode) -> tuple:
     """cfg.group completions of each prompt (list of (text, ids)) and their rewards:
     (list of Rollout, rewards (n_prompts, group))."""
-    keep = model.config.max_seq_len - cfg.max_new_tokens  # sample_group's crop of the prompt
+    keep = model.config.max_seq_len - cfg.max_new_tokens  # sample_batch's crop of the prompt
     rollouts, rewards = [], []
     for p, (text, ids) in enumerate(prompts):
         row = []
@@ -302,28 +252,26 @@ def grpo_step(model, ref_model, optimizer, prompts, reward, cfg: GRPOConfig,
     ref_model: the frozen start model for the KL penalty (None: no penalty, KL not measured).
     Metrics: kl is the k3 estimate of KL(sampling policy || reference) on this step's
     completions; clip_frac the fraction of completion tokens clipped in the inner steps after
-    the first (the first has ratio 1). The log-probs are taken at temperature 1: with the
-    default temperature 1 and no top-p that is exactly the distribution sampled from;
-    otherwise the usual approximation.
+    the first (the first has ratio 1); entropy the mean entropy of the completion positions.
+    The log-probs are taken at temperature 1: with the default temperature 1 and no top-p
+    that is exactly the distribution sampled from; otherwise the usual approximation.
     """
-
     t0 = time.perf_counter()
     was_training = model.training
     model.eval()  # dropout (T18) off: the ratio must be 1 before the first update
     rollouts, rewards = collect_rollouts(model, prompts, reward, cfg, rng, eos_id, decode)
     t_sample = time.perf_counter() - t0
-    adv = group_advantages(rewards, cfg.adv_eps).reshape(-1)
     ids, targets, mask = rollout_batch(rollouts, pad_id)
     with no_grad():
         logits = model(ids)
         old_logp = token_logprobs(logits, targets).numpy()
-        entropy = entropy_of(logits.data, mask)
+        entropy = aggregate(host(token_entropy(logits.data)), mask, "token_mean")
         ref_logp = None if ref_model is None else sequence_logprobs(ref_model, ids, targets).numpy()
     stats, losses = [], []
     for _ in range(cfg.inner_steps):
         optimizer.zero_grad()
         logp = sequence_logprobs(model, ids, targets)
-        loss, st = clipped_pg_loss(logp, old_logp, adv, mask, cfg.clip_eps, ref_logp, cfg.kl_coef)
+        loss, st = grpo_loss(logp, old_logp, rewards, mask, cfg, ref_logp)
         loss.backward()
         if cfg.grad_clip:
             clip_grad_norm(model.parameters(), cfg.grad_clip)
