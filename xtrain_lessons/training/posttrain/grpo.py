@@ -7,10 +7,10 @@ One step of `grpo_step`:
 
     for each prompt:  G completions, sampled with the KV cache (`sample_group`)
     rewards r (n_prompts, G)  ->  advantages (advantages.py: r - mean, divided by the std or not)
-    one no-grad forward of the right-padded batch: old log-probs pi_old(token), the entropy of
-        each position (and the frozen reference model's log-probs, for the KL penalty)
-    inner_steps times:  per-token loss (pg_loss.py) + beta * KL_k3, aggregated (aggregate.py);
-                        backward; clip grad; AdamW
+    the frozen reference model's log-probs of the right-padded batch (for the KL penalty)
+    inner_steps times:  a forward (the first one's log-probs are pi_old, and its entropies the
+                        step's entropy), per-token loss (pg_loss.py) + beta * KL_k3, aggregated
+                        (aggregate.py); backward; clip grad; AdamW
 
 The per-token loss is GRPO's clipped ratio by default (cfg.loss: "no_baseline" and "reinforce"
 are the rest of the family), and the aggregation GRPO's mean per completion, then over the
@@ -34,10 +34,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from xtrain_lessons.autograd.tensor import no_grad
-from xtrain_lessons.model.generate import sample_next
 from xtrain_lessons.training.optim import clip_grad_norm
 from xtrain_lessons.training.posttrain.aggregate import AGGREGATIONS, aggregate
-from xtrain_lessons.training.posttrain.batch import prompt_response_batch
 from xtrain_lessons.training.posttrain.logprobs import (
     host,
     sequence_logprobs,
@@ -50,9 +48,10 @@ from xtrain_lessons.training.posttrain.pg_loss import (
     k3_kl,
     policy_gradient_loss,
 )
+from xtrain_lessons.training.posttrain.rollouts import Rollout, rollout_batch, sample_batch
 
-__all__ = ["GRPOConfig", "Rollout", "sample_batch", "sample_group", "rollout_batch", "clipped_pg_loss",
-           "grpo_loss", "clipped_pg_loss_looped", "collect_rollouts", "grpo_step"]
+__all__ = ["GRPOConfig", "clipped_pg_loss", "grpo_loss", "clipped_pg_loss_looped", "collect_rollouts",
+           "grpo_step"]
 
 
 @dataclass
@@ -67,7 +66,9 @@ class GRPOConfig:
     clip_eps: float = 0.2           # PPO clip: the ratio is kept in [1 - eps, 1 + eps]
     kl_coef: float = 0.05           # beta of the k3 KL penalty to the frozen start model (0: off)
     inner_steps: int = 2            # optimizer steps on each batch of rollouts
-    lr: float = 1e-4                # AdamW learning rate (constant)
+    lr: float = 1e-4                # AdamW learning rate (after the warmup)
+    warmup: int = 0                 # steps of linear lr warmup: Adam's first steps move every
+                                    # weight by ~lr whatever its gradient's size (noise included)
     weight_decay: float = 0.0
     grad_clip: float = 1.0          # global gradient-norm clip (0: off)
     adv_eps: float = 1e-4           # A = (r - mean) / (std + adv_eps)
@@ -89,8 +90,8 @@ class GRPOConfig:
             raise ValueError(f"GRPO: top_p must be in (0, 1], got {self.top_p}")
         if not 0 < self.clip_eps < 1:
             raise ValueError(f"GRPO: clip_eps must be in (0, 1), got {self.clip_eps}")
-        if self.kl_coef < 0 or self.lr <= 0:
-            raise ValueError("GRPO: kl_coef must be >= 0 and lr > 0")
+        if self.kl_coef < 0 or self.lr <= 0 or self.warmup < 0:
+            raise ValueError("GRPO: kl_coef and warmup must be >= 0 and lr > 0")
         if self.loss not in PG_METHODS:
             raise ValueError(f"GRPO: loss must be one of {', '.join(PG_METHODS)}, got {self.loss!r}")
         if self.aggregation not in AGGREGATIONS:
@@ -99,72 +100,12 @@ class GRPOConfig:
             raise ValueError(f"GRPO: ddof must be 0 (population std) or 1 (sample std), got {self.ddof}")
         return self
 
+    def lr_at(self, step: int) -> float:
+        """The learning rate of (1-based) step `step`: linear warmup, then constant."""
+        return self.lr * min(1.0, step / self.warmup) if self.warmup else self.lr
+
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-# ----- rollouts ---------------------------------------------------------------------------
-
-@dataclass
-class Rollout:
-    """One sampled completion: `ids` (ending with eos_id when `ended`), its prompt's index."""
-    prompt_index: int
-    prompt_ids: list
-    ids: list
-    ended: bool
-
-
-def sample_batch(model, prompts, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float | None = None, eos_id: int | None = None,
-                 rng: np.random.Generator | None = None) -> list:
-    """Completions of prompts of ONE length, decoded together: the prompts are prefilled once
-    into a (B, T) KV cache and each step runs the rows' next tokens as one (B, 1) batch.
-    temperature 0 is greedy.
-
-    Returns a list of (ids, ended): ids includes eos_id when the completion stopped there.
-    The prompts are cropped from the left so that prompt + completion fit max_seq_len.
-    """
-    rng = np.random.default_rng() if rng is None else rng
-    L = model.config.max_seq_len
-    if max_new_tokens >= L:
-        raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in "
-                         f"max_seq_len={L}")
-    x = np.asarray([[int(t) for t in p][-(L - max_new_tokens):] for p in prompts], dtype=np.int64)
-    if x.ndim != 2 or x.shape[1] == 0:
-        raise ValueError("sample_batch: the prompts must be non-empty and of one length")
-    n = x.shape[0]
-    cache = model.new_cache(batch=n)
-    logits = host(model.forward_cached(x, cache, 0)[:, -1])  # (B, V)
-    out = [[] for _ in range(n)]
-    done = np.zeros(n, dtype=bool)
-    for step in range(max_new_tokens):
-        nxt = np.zeros(n, dtype=np.int64)
-        for g in range(n):
-            if not done[g]:
-                nxt[g] = sample_next(logits[g], temperature, None, top_p, rng)
-                out[g].append(int(nxt[g]))
-                done[g] = eos_id is not None and nxt[g] == eos_id
-        if done.all() or step == max_new_tokens - 1:
-            break
-        # finished rows keep running (their tokens are ignored): one batch shape throughout
-        logits = host(model.forward_cached(nxt[:, None], cache, cache.pos)[:, -1])
-    return [(ids, eos_id is not None and bool(ids) and ids[-1] == eos_id) for ids in out]
-
-
-def sample_group(model, prompt_ids, group: int, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float | None = None, eos_id: int | None = None,
-                 rng: np.random.Generator | None = None) -> list:
-    """`group` completions of one prompt, decoded together (`sample_batch`)."""
-    if not len(prompt_ids):
-        raise ValueError("sample_group: the prompt must hold at least one token")
-    return sample_batch(model, [list(prompt_ids)] * group, max_new_tokens, temperature, top_p, eos_id, rng)
-
-
-def rollout_batch(rollouts, pad_id: int = 0):
-    """(ids (B, T), targets (B, T), mask (B, T) float32) of prompt + completion sequences
-    (`batch.prompt_response_batch`): mask is 1 where the target is a completion token."""
-    return prompt_response_batch([r.prompt_ids for r in rollouts], [r.ids for r in rollouts],
-                                 pad_id=pad_id)
 
 
 # ----- the loss ---------------------------------------------------------------------------
@@ -230,16 +171,23 @@ def clipped_pg_loss_looped(model, rollouts, old_logp, adv, clip_eps: float = 0.2
 def collect_rollouts(model, prompts, reward, cfg: GRPOConfig, rng: np.random.Generator,
                      eos_id: int | None, decode) -> tuple:
     """cfg.group completions of each prompt (list of (text, ids)) and their rewards:
-    (list of Rollout, rewards (n_prompts, group))."""
+    (list of Rollout, prompt-major; rewards (n_prompts, group)). The prompts of one token
+    length are decoded together, each repeated cfg.group times (`sample_batch`)."""
     keep = model.config.max_seq_len - cfg.max_new_tokens  # sample_batch's crop of the prompt
+    cropped = [list(ids)[-keep:] for _, ids in prompts]
+    by_length = {}
+    for p, ids in enumerate(cropped):
+        by_length.setdefault(len(ids), []).append(p)
+    completions = [None] * len(prompts)
+    for group in by_length.values():
+        rows = sample_batch(model, [cropped[p] for p in group for _ in range(cfg.group)],
+                            cfg.max_new_tokens, cfg.temperature, cfg.top_p, eos_id, rng)
+        for k, p in enumerate(group):
+            completions[p] = rows[k * cfg.group:(k + 1) * cfg.group]
     rollouts, rewards = [], []
-    for p, (text, ids) in enumerate(prompts):
-        row = []
-        for comp, ended in sample_group(model, ids, cfg.group, cfg.max_new_tokens, cfg.temperature,
-                                        cfg.top_p, eos_id, rng):
-            rollouts.append(Rollout(p, list(ids)[-keep:], comp, ended))
-            row.append(reward(text, decode(comp), len(comp)))
-        rewards.append(row)
+    for p, (text, _) in enumerate(prompts):
+        rollouts += [Rollout(p, cropped[p], comp, ended) for comp, ended in completions[p]]
+        rewards.append([reward(text, decode(comp), len(comp)) for comp, _ in completions[p]])
     return rollouts, np.asarray(rewards, dtype=np.float64)
 
 
@@ -262,15 +210,19 @@ def grpo_step(model, ref_model, optimizer, prompts, reward, cfg: GRPOConfig,
     rollouts, rewards = collect_rollouts(model, prompts, reward, cfg, rng, eos_id, decode)
     t_sample = time.perf_counter() - t0
     ids, targets, mask = rollout_batch(rollouts, pad_id)
-    with no_grad():
-        logits = model(ids)
-        old_logp = token_logprobs(logits, targets).numpy()
-        entropy = aggregate(host(token_entropy(logits.data)), mask, "token_mean")
-        ref_logp = None if ref_model is None else sequence_logprobs(ref_model, ids, targets).numpy()
+    if ref_model is not None:
+        with no_grad():
+            ref_logp = sequence_logprobs(ref_model, ids, targets).numpy()
+    else:
+        ref_logp = None
     stats, losses = [], []
-    for _ in range(cfg.inner_steps):
+    for k in range(cfg.inner_steps):
         optimizer.zero_grad()
-        logp = sequence_logprobs(model, ids, targets)
+        logits = model(ids)
+        logp = token_logprobs(logits, targets)
+        if k == 0:  # the weights that sampled: this forward's log-probs ARE pi_old (no extra forward)
+            old_logp = logp.numpy().copy()
+            entropy = aggregate(host(token_entropy(logits.data)), mask, "token_mean")
         loss, st = grpo_loss(logp, old_logp, rewards, mask, cfg, ref_logp)
         loss.backward()
         if cfg.grad_clip:
