@@ -14,7 +14,7 @@ from xtrain_lessons.cli import grpo, main, sft
 from xtrain_lessons.model.generate import generate
 from xtrain_lessons.model.qwen3 import PRESETS, Model
 from xtrain_lessons.training.posttrain.accuracy import greedy_completions
-from xtrain_lessons.training.posttrain.answers import EOT, follows_format, is_correct, parse_answer
+from xtrain_lessons.training.posttrain.answers import EOT, follows_format, is_correct, parse_answer, working_holds
 from xtrain_lessons.training.posttrain.arith import all_problems, make_task, pretraining_text
 from xtrain_lessons.training.posttrain.arith_base import arith_base_run
 from xtrain_lessons.training.posttrain.pairs import PairsError, read_pairs, write_pairs
@@ -37,6 +37,12 @@ def test_parse_answer(text, answer):
     assert parse_answer(text) == answer
 
 
+def test_working_holds():
+    assert working_holds("3 + 4 = 7. <answer>7</answer>") and working_holds("no working <answer>7</answer>")
+    assert working_holds("2 * 3 = 6 and 5 - 7 = -2") and working_holds("1.5 + 1 = 2.5")
+    assert not working_holds("3 + 4 = 8. <answer>7</answer>") and not working_holds("1 + 1 = 2, 2 - 1 = 0")
+
+
 def test_follows_format():
     assert follows_format("3 + 4 = 7. <answer>7</answer>")
     assert follows_format("<answer>7</answer>  " + EOT)
@@ -51,6 +57,8 @@ def test_arith_and_format_rewards():
     arith = load_reward("arith")
     assert arith(p.prompt, p.response + EOT, 9) == 1.0
     assert arith(p.prompt, f"<answer>{p.answer + 1}</answer>", 3) == 0.0
+    false_working = f"{p.a} {p.op} {p.b} = {p.answer + 1}. <answer>{p.answer}</answer>"
+    assert arith(p.prompt, false_working, 9) == 0.0 and is_correct(false_working, p.answer)
     assert load_reward("arith+format")(p.prompt, p.response, 9) == 2.0
     assert load_reward("format")(p.prompt, str(p.answer), 1) == 0.0
     assert load_reward("arith", {"q?": 3})("q?", "<answer>3</answer>", 3) == 1.0
@@ -233,3 +241,22 @@ def test_help_explains_the_commands(capsys):
             main.main([cmd, "--help"])
         text = capsys.readouterr().out
         assert all(w in text for w in words), (cmd, [w for w in words if w not in text])
+
+
+def test_reference_probability_is_the_product_of_the_response_token_probabilities():
+    from xtrain_lessons.training.posttrain.accuracy import reference_probability  # noqa: PLC0415
+    from xtrain_lessons.training.posttrain.logprobs import token_logprobs  # noqa: PLC0415
+
+    model = Model(PRESETS["test"], dtype=np.float64, seed=2)
+    pairs = [([1, 2, 3], [4, 5]), ([6], [7, 8, 9]), ([10, 11], [12])]
+    expected = []
+    for p, r in pairs:  # one sequence at a time: the chain rule over the response tokens
+        seq = np.array([p + r])
+        lp = token_logprobs(model(seq[:, :-1]), seq[:, 1:]).numpy()[0]
+        expected.append(np.exp(lp[len(p) - 1:].sum()))
+    assert reference_probability(model, pairs, batch=2) == pytest.approx(np.mean(expected), rel=1e-12)
+    # a model that has learned one answer samples it with probability close to 1
+    sharp = Model(PRESETS["test"], seed=2)
+    for_pairs = [([1, 2, 3], [4])] * 8
+    sft_train(sharp, for_pairs, SFTConfig(steps=40, batch_size=8, lr=1e-2, warmup=2))
+    assert reference_probability(sharp, for_pairs) > 0.9

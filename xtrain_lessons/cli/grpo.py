@@ -3,13 +3,14 @@
     xtrain grpo runs/mine --reward word:dog                    # mention "dog"
     xtrain grpo runs/mine --reward eos:40 --steps 60           # finish the story within 40 tokens
     xtrain grpo runs/mine --reward length:20-40 --kl-coef 0.05
-    xtrain grpo runs/arith-sft --reward arith                  # the arithmetic task (after `xtrain sft`)
+    xtrain grpo runs/arith-sft --reward arith --group 4 --prompts-per-step 64 --lr 1e-3 --warmup 3
+                                                               # the arithmetic task, after `xtrain sft`
     xtrain grpo runs/mine --reward my_rewards.py:score --prompts prompts.txt --out runs/mine-rl
 
-Rewards (SPEC): word:WORD, eos:N, length:LO-HI, arith (1 when the parsed answer is right),
-format (1 when the completion ends with one <answer>N</answer>), path/to/file.py:function
-(called as function(prompt, completion) -> float; the completion ends with "<|endoftext|>"
-when the model stopped there), or several joined by '+'.
+Rewards (SPEC): word:WORD, eos:N, length:LO-HI, arith (1 when the parsed answer is right and
+every equation written before it holds), format (1 when the completion ends with one
+<answer>N</answer>), path/to/file.py:function (called as function(prompt, completion) -> float;
+the completion ends with "<|endoftext|>" when the model stopped there), or several joined by '+'.
 
 Prompts: one per line of --prompts FILE, or a .jsonl file with {"prompt": ..., "answer": N}
 per line (the answers the arith reward grades against). Default: a few story openings, or

@@ -3,7 +3,7 @@
     xtrain sft runs/base --data pairs.jsonl                     # fine-tune on your pairs
     xtrain sft runs/base --data pairs.jsonl --heldout test.jsonl --steps 300
     xtrain sft runs/arith --task arith                          # the course's arithmetic task
-    xtrain grpo runs/arith-sft --reward arith                   # then RL on the same task
+    xtrain grpo runs/arith-sft --reward arith ...               # then RL on the same task (T21)
 
 --data: one JSON object per line, {"prompt": "...", "response": "..."} (and an optional
 numeric "answer", which the held-out accuracy is graded against). The loss is the negative

@@ -10,7 +10,7 @@ a and b in 1..5 (b <= a when subtracting): 40 sums, 8 names x 8 things, 2,560 qu
 `make_task` shuffles them with a seed and sets `n_heldout` aside: no held-out question is ever
 trained on (the sums themselves recur: the task tests reading a new sentence, not new
 arithmetic). The supervised response works the sum out, then answers in the tag the grader
-reads (answers.py):
+reads (answers.py) — written out, the sum is far easier for a small model than the answer alone:
 
     prompt   "Mia has 4 cars and gets 5 more. How many cars does Mia have now?\\n"
     response "4 + 5 = 9. <answer>9</answer>"

@@ -4,8 +4,9 @@
     eos:40              1 if the completion ended with end-of-text within 40 tokens
     length:20-40        1 if the completion is 20 to 40 tokens long (end-of-text included)
     arith               1 if the completion's answer (answers.parse_answer) is the prompt's
-                        right answer: from the task's table (arith.answer_table) or the
-                        "answer" fields of a prompts file
+                        right answer (from the task's table, arith.answer_table, or the
+                        "answer" fields of a prompts file) AND every equation it writes holds
+                        (answers.working_holds): a right answer after false working earns 0
     format              1 if the completion ends with one <answer>N</answer> (answers.py)
     arith+format        the sum of several rewards
     path/to/file.py:fn  your own function fn(prompt: str, completion: str) -> float
@@ -25,7 +26,7 @@ import numbers
 import re
 from pathlib import Path
 
-from xtrain_lessons.training.posttrain.answers import EOT, follows_format, is_correct
+from xtrain_lessons.training.posttrain.answers import EOT, follows_format, is_correct, working_holds
 from xtrain_lessons.training.posttrain.arith import answer_table
 
 __all__ = ["RewardError", "Reward", "load_reward", "EOT"]
@@ -93,7 +94,7 @@ def _arith(arg: str, answers=None):
         if prompt not in table:
             raise RewardError(f"reward arith: no answer known for the prompt {prompt[:60]!r}: use the "
                               f"task's prompts, or a prompts file (.jsonl) with an \"answer\" for each")
-        return 1.0 if is_correct(completion, table[prompt]) else 0.0
+        return 1.0 if is_correct(completion, table[prompt]) and working_holds(completion) else 0.0
     return reward
 
 
