@@ -235,7 +235,8 @@ def test_gpu_bf16_training_runs_attention_on_the_tensor_core_kernels(standin, mo
     """On the GPU in bf16 the model's attention is the tensor-core kernel (either attention
     setting: `--attention flash` is no longer refused in bf16 there). Its loss and gradients are
     the float32 model's within bf16's rounding, as close as composed bf16 attention's (measured:
-    1.01x its distance over all gradients), and it keeps O(T) for backward instead of P (here
+    1.01x its distance over all gradients, 0.96x-1.09x for each matrix), and it keeps O(T) for
+    backward instead of P (here
     127 KB less: P's 128 KB, less the 4 KB of lse)."""
     from xtrain_lessons.model import precision
     from xtrain_lessons.model.layers import causal_attention
@@ -249,11 +250,13 @@ def test_gpu_bf16_training_runs_attention_on_the_tensor_core_kernels(standin, mo
     monkeypatch.setattr(precision, "gpu_attention", causal_attention)  # composed bf16 attention
     loss_c, grads_c, kept_c = _model_loss("composed", "cuda", "bf16", ids)
 
-    def dist(g):
-        return np.sqrt(sum(((g[k] - grads32[k]) ** 2).sum() for k in g) / sum((grads32[k] ** 2).sum() for k in g))
+    def dist(g, keys):
+        return np.sqrt(sum(((g[k] - grads32[k]) ** 2).sum() for k in keys) / sum((grads32[k] ** 2).sum() for k in keys))
 
     assert abs(loss - loss32) <= 0.01 * abs(loss32) and abs(loss_c - loss32) <= 0.01 * abs(loss32)
-    assert dist(grads) <= 1.25 * dist(grads_c), (dist(grads), dist(grads_c))
+    assert dist(grads, grads) <= 1.25 * dist(grads_c, grads), (dist(grads, grads), dist(grads_c, grads))
+    for k in (k for k in grads if grads[k].ndim == 2):  # every matrix: measured 0.96x-1.09x
+        assert dist(grads, [k]) <= 1.25 * dist(grads_c, [k]), (k, dist(grads, [k]), dist(grads_c, [k]))
     p_bytes = 2 * 2 * 4 * 64 * 64 * 2  # P of one layer: (B, Hkv, G * T, T) bf16, 2 layers
     assert kept_c - kept >= 0.9 * p_bytes, (kept_c, kept)
 
