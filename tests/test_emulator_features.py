@@ -343,3 +343,34 @@ def test_atomic_add_on_16_bit_floats_and_pairs(tc):
     np.testing.assert_array_equal(sb.astype(np.float64), sx)
     np.testing.assert_array_equal(ph.astype(np.float64), np.stack([sx, sy], axis=1))
     np.testing.assert_array_equal(sh.astype(np.float64), sy)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs CuPy and an NVIDIA GPU")
+def test_tensor_core_kernels_agree_with_the_emulator_on_a_gpu():
+    """mma.sync on a real tensor core against the emulator's (the same fragments, so the same
+    product; the GPU may round the sum differently in the last bit: 1e-6 relative), and the
+    16-bit atomics bit for bit."""
+    import cupy as cp
+    if int(cp.cuda.Device().compute_capability) < 80:
+        pytest.skip("bf16 mma.sync and bf16 atomics need sm_80 or newer")
+    gpu, cpu = Module(TC, backend="gpu"), Module(TC, backend="cpu")
+    rng = np.random.default_rng(14)
+    M, N, K = 64, 24, 48
+    A, B = _bf16(rng.standard_normal((M, K))), _bf16(rng.standard_normal((K, N)))
+    c_cpu, c_gpu = np.zeros((M, N), np.float32), cp.zeros((M, N), cp.float32)
+    args = (np.int32(M), np.int32(N), np.int32(K))
+    cpu.get_function("mma_gemm_bf16")((N // 8, M // 32), (32, 2), (A, B, c_cpu, *args))
+    gpu.get_function("mma_gemm_bf16")((N // 8, M // 32), (32, 2), (cp.asarray(A), cp.asarray(B), c_gpu, *args))
+    np.testing.assert_allclose(cp.asnumpy(c_gpu), c_cpu, rtol=1e-6, atol=1e-6 * np.abs(c_cpu).max())
+    n, npairs = 1000, 7
+    x, y = rng.integers(-3, 4, n).astype(np.float32), rng.integers(-2, 3, n).astype(np.float32)
+    outs = {}
+    for name, mod, xp in (("cpu", cpu, np), ("gpu", gpu, cp)):
+        bufs = [xp.asarray(_bf16(np.zeros((npairs, 2)))), xp.asarray(_bf16(np.zeros(npairs))),
+                xp.zeros((npairs, 2), np.float16), xp.zeros(npairs, np.float16)]
+        mod.get_function("atomic_add_16bit")(blocks(n, 128), (128,), (xp.asarray(x), xp.asarray(y), *bufs,
+                                                                        np.int32(n), np.int32(npairs)))
+        outs[name] = [np.asarray(b.get() if xp is cp else b).astype(np.float64) for b in bufs]
+    for a, b in zip(outs["cpu"], outs["gpu"]):
+        np.testing.assert_array_equal(a, b)
