@@ -12,6 +12,8 @@ How a kernel runs
    $XTRAIN_CACHE_DIR or ~/.cache/xtrain-lessons/kernels. The header is light, so a kernel
    compiles in well under a second; the scheduler lives in a runtime library
    (xtrain_emulator_runtime.h) compiled once per machine, which every kernel library links.
+   Inline PTX (`asm volatile("mma.sync...")`) is rewritten into the emulator's call of the same
+   instruction first (rewrite_asm).
 3. ctypes loads it; each call checks the arguments against the parameter types exported by the
    library, then launches: blocks are spread over a few OS threads (one per core,
    $XTRAIN_EMULATOR_WORKERS); inside a block every CUDA thread is a fiber — a user-space
@@ -80,6 +82,11 @@ Where the emulator differs from a GPU (fidelity limits)
   Python through `Module.get_global` / `set_global`; `__constant__` is not read-only here.
   A kernel's `printf` output is copied to Python's sys.stdout when the launch ends (so that
   Jupyter shows it); lines from different blocks come in any order, as on a GPU.
+* Inline PTX: the one instruction understood is the tensor cores' `mma.sync.aligned.m16n8k16`
+  (.row.col, bf16 or f16 operands, f32 accumulators), rewritten into a warp-collective call
+  (include/xtrain_mma.h: the fragment layout of the PTX ISA, all 32 lanes required, the sum
+  rounded once to float32 where a tensor core may differ in the last bit). Any other `asm` is
+  a compile error naming the instruction.
 * Kernels are `__global__ void` functions, `extern "C"` as `cupy.RawKernel` requires, or
   templates launched by name expression through `Module`. `__shared__` at file scope is not
   supported. Cooperative groups: the thread block and tiles of up to 32 threads
