@@ -62,7 +62,8 @@ def test_why_no_gpu_names_the_missing_piece(monkeypatch):
 
     fake = types.SimpleNamespace(__version__="14.2.0", cuda=types.SimpleNamespace(runtime=Runtime))
     monkeypatch.setattr(device, "import_cupy", lambda: fake)
-    assert device_check.why_no_gpu() == "CuPy 14.2.0 finds no GPU (cudaErrorNoDevice: no CUDA-capable device is detected)"
+    assert device_check.why_no_gpu() == ("CuPy 14.2.0 finds no GPU (cudaErrorNoDevice: no CUDA-capable device "
+                                         "is detected)")
 
 
 def test_a_bad_device_variable_is_one_line(monkeypatch, capsys):
@@ -83,7 +84,8 @@ def _old_gpu(monkeypatch, major, minor):
 def test_bf16_on_a_gpu_without_bf16_tensor_cores_is_refused_first(monkeypatch, capsys, tmp_path):
     _old_gpu(monkeypatch, 7, 5)
     monkeypatch.chdir(tmp_path)
-    for argv in (["train", "--device", "cuda", "--dtype", "bf16"], ["bench", "train", "--device", "cuda", "--dtype", "bf16"]):
+    for argv in (["train", "--device", "cuda", "--dtype", "bf16"],
+                 ["bench", "train", "--device", "cuda", "--dtype", "bf16"]):
         assert main.main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"xtrain {argv[0]}: error: --dtype bf16 needs bf16 tensor cores") and "Tesla T4" in err

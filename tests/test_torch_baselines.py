@@ -150,7 +150,8 @@ requires_gpu = pytest.mark.skipif(not (device.gpu_available() and torch.cuda.is_
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("kind", ["sdpa", "cuda-graph", "compile", "reduce-overhead"])
+@pytest.mark.parametrize("kind", ["sdpa", "cuda-graph", "compile", "reduce-overhead"],
+                         ids=lambda k: k.replace("-", "_"))  # gpu_check's quick run deselects the compiled two
 @pytest.mark.parametrize("precision", ["float32", "bf16"])
 def test_each_kind_on_the_gpu_takes_the_engines_first_step(engine, kind, precision):
     """On the device: pinned batches, fused AdamW (capturable for the graph), autocast in bf16; the

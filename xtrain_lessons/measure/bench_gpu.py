@@ -271,7 +271,8 @@ def run_train_bench_gpu(args) -> int:
     try:
         measured = gpu_matmul_peak(dtype, args.peak_n or 8192)
         of_spec = f" ({100 * measured / spec.flops:.0f}% of the spec)" if spec else ""
-        print(f"matmul peak measured ({dtype}, one cuBLAS product through CuPy): {measured / 1e12:.1f} TFLOP/s{of_spec}")
+        print(f"matmul peak measured ({dtype}, one cuBLAS product through CuPy): {measured / 1e12:.1f} TFLOP/s"
+              f"{of_spec}")
     except Exception as e:  # noqa: BLE001 - the spec peak may still serve
         measured = None
         print(f"matmul peak measured ({dtype}): not measured: {one_line(e)}")
@@ -337,8 +338,8 @@ def run_train_bench_gpu(args) -> int:
         delta = "" if name == "engine" else f" (|Δ| {abs(first[name] - first['engine']):.1e})"
         flag = f", LOSS MISMATCH: more than {tol:.0e} relative from the engine's" if name in mismatched else ""
         mem = _gib(held[name] + extra[name]) if name in extra else "n/a"
-        print(f"{_what(name)}: {B * T / rate * 1e3:.1f} ms/step (host {np.median(host[name]) * 1e3:.1f} ms to issue one), "
-              f"{rate:,.0f} tok/s, {rate * fpt / 1e12:.1f} TFLOP/s, MFU {mfu(rate)}, first loss {first[name]:.4f}"
+        print(f"{_what(name)}: {B * T / rate * 1e3:.1f} ms/step (host {np.median(host[name]) * 1e3:.1f} ms to "
+              f"issue one), {rate:,.0f} tok/s, {rate * fpt / 1e12:.1f} TFLOP/s, MFU {mfu(rate)}, first loss {first[name]:.4f}"
               f"{delta}{flag}, step peak memory {mem}{_skips(name, torch)}")
     if "engine" in extra:
         mems = ", ".join(f"{_what(n)} {_gib(held[n] + extra[n])}" for n in extra)
