@@ -417,7 +417,8 @@ def graph_switch() -> str | None:
     p = subprocess.run([sys.executable, "-m", "xtrain_lessons.cli.main", "train", "--help"], capture_output=True,
                        text=True, cwd=REPO, timeout=120)
     flags = re.findall(r"--[a-z][a-z0-9-]*", p.stdout)
-    return next((f for f in ("--no-cuda-graph", "--no-graph", "--eager-step") if f in flags), None)
+    named = [f for f in ("--no-cuda-graph", "--no-graph", "--eager-step") if f in flags]
+    return (named or [f for f in flags if f.startswith("--no-") and "graph" in f] or [None])[0]
 
 
 def check_graph_loop(args, work):
@@ -454,9 +455,11 @@ def compare_runs(a: Path, b: Path) -> tuple[str, str]:
     weights, bit for bit."""
     from safetensors.numpy import load_file  # noqa: PLC0415
 
-    def records(run):
+    def records(run):  # one per step (a resumed run's file may repeat the steps after its checkpoint)
         keep = ("step", "train_loss", "grad_norm", "val_loss")
-        return [{k: r.get(k) for k in keep} for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+        by_step = {r["step"]: {k: r.get(k) for k in keep}
+                   for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+        return [by_step[s] for s in sorted(by_step)]
 
     def weights(run):  # the final checkpoint's parameters and AdamW moments
         step = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()

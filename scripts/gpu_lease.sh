@@ -70,13 +70,12 @@ try:
     import torch
     if torch.cuda.is_available():
         print("torch CUDA", torch.version.cuda, torch.cuda.get_device_name(0), "sm", torch.cuda.get_device_capability(0))
-    from xtrain_lessons.runtime import cublas_direct, device, gpu_blas
+    from xtrain_lessons.runtime import cublas_direct, device
     print(device.describe())
     if device.get_device() == "cuda":
         cp = device.import_cupy()
         print("CUDA runtime (CuPy)", cp.cuda.runtime.runtimeGetVersion(), "driver", cp.cuda.runtime.driverGetVersion())
-        a = cp.ones((64, 64), dtype=cp.float32)
-        gpu_blas.matmul(a, a)
+        cublas_direct.direct_cublas(cp)  # loads, checks and describes the libcublas the products will call
         print("matmuls:", cublas_direct.describe())
 except Exception as e:  # noqa: BLE001
     print("environment check:", type(e).__name__, e)

@@ -187,11 +187,11 @@ def torch_stepper(config, init_state: dict, threads: int | None, kind: str = "ea
     CUDA graph trees record. On "cuda" the loss is a device tensor (no synchronisation)."""
     import torch  # noqa: PLC0415
 
+    if kind == "amp":  # sdpa under autocast bf16, whatever was asked
+        precision = "bf16"
     _check(kind, device, precision)
     if threads:
         torch.set_num_threads(threads)
-    if kind == "amp":
-        precision = "bf16"
     model = torch_model(config, torch, "composed" if kind == "eager" else "sdpa")
     model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in init_state.items()})
     model.to(device)

@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 _lock = threading.Lock()  # guards the two caches below
 _library: list = []  # [(ctypes library or None, the logged line or the reason there is none)]
 _handles: dict = {}  # device id -> DirectCublas or None
+_MISSING = object()
 
 
 class UnsupportedOnThisGpu(ValueError):
@@ -211,6 +212,9 @@ def direct_cublas(cupy):
     if own is not None:
         return own()
     device = cupy.cuda.runtime.getDevice()
+    found = _handles.get(device, _MISSING)  # every GEMM asks: no lock once the device has its handle
+    if found is not _MISSING:
+        return found
     with _lock:
         if not _library:
             _library.append(_load(cupy))
