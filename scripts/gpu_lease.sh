@@ -8,20 +8,22 @@
 #
 # Without GPU_CHECK_ARGS it runs `gpu_check.py --only lease`, most valuable first, so that a budget
 # running out loses the least (seconds: each command's own timeout, never past the budget):
-#   1 targets-bf16     the bench in bf16 at 20m (<=170) and GPT-2-small (<=200) with --cuda-graph against
-#                      torch sdpa, torch.compile(mode="reduce-overhead") and a whole-step torch.cuda.graph;
-#                      MFU against the card's dense spec peak, first losses checked equal
+#   1 targets-bf16     the bench in bf16 at 20m and GPT-2-small (<=120 each) with --cuda-graph against torch
+#                      sdpa and a whole-step torch.cuda.graph (nothing to compile): MFU against the card's
+#                      dense spec peak, first losses checked equal, each step's peak memory
 #   2 train-speed      xtrain train --device cuda --dtype bf16 at the 20m shape, 80 steps: tokens/s against
 #                      the bench's graphed step (<=120)
 #   3 memory           peak device memory at T = 4096 (B x T = 8192), GPT-2-small bf16, the engine (flash
 #                      attention, else composed) against torch SDPA (<=100 per attention tried)
-#   4 graph-loop       float32, the loop with its step as a graph (stopped at 30, resumed to 60) against the
+#   4 targets-compiled the bench again at both shapes against torch.compile(mode="reduce-overhead")
+#                      (<=200, <=230: compiling takes minutes, so it comes after the quick figures)
+#   5 graph-loop       float32, the loop with its step as a graph (stopped at 30, resumed to 60) against the
 #                      eager loop: losses and final weights bit for bit (3 runs, <=60 each; skipped while
-#                      `xtrain train` has no switch to turn the graph off)
-#   5 gpu-tests-quick  pytest -m gpu on the GPU engine's, graphs', flash-attention's, cuBLAS's and the
+#                      `xtrain train` has no --no-...graph switch)
+#   6 gpu-tests-quick  pytest -m gpu on the GPU engine's, graphs', flash-attention's, cuBLAS's and the
 #                      baselines' tests, -v (<=110)
-#   6 bench-f32        the bench in float32 at 20m against sdpa, compile, cuda-graph (<=180)
-#   7 gpu-tests        every -m gpu test, in what time is left
+#   7 bench-f32        the bench in float32 at 20m against sdpa, compile, cuda-graph (<=180)
+#   8 gpu-tests        every -m gpu test, in what time is left
 # Each command runs in its own process group, killed at its timeout or at the budget; nothing starts
 # after the budget; a backstop `timeout` ends gpu_check itself at BUDGET + 30 s.
 #

@@ -78,12 +78,14 @@ def test_the_budget_is_never_overrun_and_the_summary_lists_every_check(gc, tmp_p
 
 
 def test_a_dry_run_within_budget_runs_the_plan_in_order(gc, tmp_path, capsys):
-    assert gc.main(["--only", "targets-bf16,train-speed,memory", "--dry-run", "0.2", "--budget", "60",
+    assert gc.main(["--only", "targets-bf16,train-speed,memory,targets-compiled", "--dry-run", "0.2", "--budget", "60",
                     "--out", str(tmp_path)]) == 0
     logs = sorted(p.name for p in tmp_path.glob("*.log") if p.name != "commands.log")
-    assert logs == ["01_bench-20m.log", "02_bench-gpt2-small.log", "03_train-speed.log", "04_memory-flash.log"]
+    assert logs == ["01_bench-20m.log", "02_bench-gpt2-small.log", "03_train-speed.log", "04_memory-flash.log",
+                    "05_compiled-20m.log", "06_compiled-gpt2-small.log"]
+    assert "--against reduce-overhead" in (tmp_path / "06_compiled-gpt2-small.log").read_text()
     assert "--seq-len 4096" in (tmp_path / "04_memory-flash.log").read_text()
-    assert "--against sdpa,reduce-overhead,cuda-graph" in (tmp_path / "01_bench-20m.log").read_text()
+    assert "--against sdpa,cuda-graph" in (tmp_path / "01_bench-20m.log").read_text()
 
 
 BENCH_20M = """\
@@ -122,6 +124,9 @@ def test_the_targets_are_read_from_the_benchs_lines(gc):
     assert "NOT used" in gc.targets()[0]["shown"]
     gc.RESULTS["bench gpt2-small bf16"] = BENCH_20M.replace("dense spec of the H100 SXM", "measured")
     assert gc.targets()[2]["status"] == "NOT MEASURED"  # MFU against a measured peak is not the target's
+    gc.RESULTS["bench 20m bf16"] = BENCH_20M.replace(", reduce-overhead 0.92x", "")  # targets-bf16: no compile
+    gc.RESULTS["bench 20m bf16 compiled"] = BENCH_20M.replace("sdpa 1.42x, reduce-overhead 0.92x", "reduce-overhead 1.10x")
+    assert gc.targets()[0]["shown"] == "1.10x"  # read from the compiled run
 
 
 def test_the_train_runs_steady_tokens_per_second(gc):
