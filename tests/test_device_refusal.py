@@ -23,12 +23,21 @@ TINY = ["--preset", "test", "--vocab-size", "300", "--steps", "2", "--batch-size
         "--no-export", "--tokenizer-impl", "hf"]
 
 
+@pytest.fixture(autouse=True)
+def device_variable_restored(monkeypatch):
+    """`xtrain --device X` sets XTRAIN_DEVICE for the process (its subprocesses inherit it): put it
+    back after each test, so that a later test does not run on a device one of these asked for."""
+    monkeypatch.setenv("XTRAIN_DEVICE", "auto")
+
+
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
     """A two-step run trained on the CPU, for `xtrain sample`."""
     root = tmp_path_factory.mktemp("run")
     corpus = small_corpus(root / "small.txt")
-    assert main.main(["train", "--device", "cpu", "--data", str(corpus), "--out", str(root / "run"), *TINY]) == 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XTRAIN_DEVICE", "auto")  # put back after `--device cpu` set it
+        assert main.main(["train", "--device", "cpu", "--data", str(corpus), "--out", str(root / "run"), *TINY]) == 0
     return root / "run"
 
 
