@@ -74,7 +74,8 @@ def fast_compile(monkeypatch):
         return torch.compile(fn, backend="aot_eager")
 
     monkeypatch.setattr(torch_twin, "_compile", compile_)
-    return calls
+    yield calls
+    torch._dynamo.reset()  # the compiled graphs go: later tests start from a clean dynamo cache
 
 
 @pytest.mark.slow
