@@ -1,8 +1,8 @@
 """A pytest plugin that records each test's wall time and CPU time (its own process and every
 child process it waited for: notebook kernels, subprocesses), for sizing the suite on a busy machine.
 
-    python -m pytest -p cpu_times ... ; XTRAIN_CPU_TIMES=out.json picks the file (default
-    cpu_times.json in the current folder). `python tests/cpu_times.py out.json` prints the groups.
+    PYTHONPATH=tests python -m pytest -p cpu_times ...   # one JSON line per test, appended to
+    $XTRAIN_CPU_TIMES (default cpu_times.jsonl); `python tests/cpu_times.py FILE...` prints the groups
 
 CPU seconds barely move with the machine's load, wall seconds do: the groups' CPU time divided by
 the cores the command keeps busy is what the suite costs on a quiet machine.
@@ -20,9 +20,6 @@ from pathlib import Path
 
 import pytest
 
-_records: list[dict] = []
-
-
 def _cpu() -> tuple[float, float]:
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
@@ -33,12 +30,9 @@ def pytest_runtest_protocol(item, nextitem):
     wall, (own, kids) = time.perf_counter(), _cpu()
     yield
     wall2, (own2, kids2) = time.perf_counter(), _cpu()
-    _records.append({"id": item.nodeid, "wall": wall2 - wall, "cpu": own2 - own, "child_cpu": kids2 - kids})
-
-
-def pytest_sessionfinish(session, exitstatus):
-    path = Path(os.environ.get("XTRAIN_CPU_TIMES", "cpu_times.json"))
-    path.write_text(json.dumps(_records, indent=0))
+    record = {"id": item.nodeid, "wall": wall2 - wall, "cpu": own2 - own, "child_cpu": kids2 - kids}
+    with open(os.environ.get("XTRAIN_CPU_TIMES", "cpu_times.jsonl"), "a") as f:  # as it goes: a killed run keeps it
+        f.write(json.dumps(record) + "\n")
 
 
 def group(test_id: str) -> str:
@@ -75,4 +69,4 @@ def summary(records: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    print(summary(json.loads(Path(sys.argv[1]).read_text())))
+    print(summary([json.loads(line) for f in sys.argv[1:] for line in Path(f).read_text().splitlines() if line]))
