@@ -39,8 +39,9 @@ checkpoints): the graphs update the model's own weights in place, so those see e
 
 The loss, the gradient norm and the fp16 counters of a replayed step are copied out of the graph
 by one device copy per step (no host synchronisation), and read at the logging points as the eager
-step's are. On the CuPy stand-in a graph cannot be replayed: there the capture checks the step's
-legality, the replay fails and the step goes on eagerly (tests/test_cuda_graph.py).
+step's are. On the CuPy stand-in a capture checks the step's legality (no host copy, no host
+synchronisation); by default its graph cannot be replayed and the step goes on eagerly, and inside
+`cupy_standin.replaying_graphs()` it replays what it recorded (tests/test_cuda_graph.py).
 """
 
 from __future__ import annotations
@@ -319,6 +320,12 @@ class LoopGraph(GraphCache):
             self._say(x.shape)
         stats = outs[0].copy() if entry.graph is not None else outs[0]  # a replay's values, kept per step
         return stats[0], stats[1], dict(zip(entry.keys, stats[2:]))
+
+    def _run(self, entry):
+        self.t.in_update = True  # a replay updates the weights: a second Ctrl-C in it is not a clean stop
+        outs = super()._run(entry)
+        self.t.in_update = False
+        return outs
 
     def _fill(self, lr) -> None:
         """What the step reads from device memory, for this step (no host synchronisation)."""
