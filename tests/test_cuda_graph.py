@@ -350,9 +350,9 @@ def test_fp16_dropout_and_accumulation_graphed_are_the_eager_loop(replaying, cor
 
 @pytest.mark.slow
 def test_batches_of_two_shapes_graphed_are_the_eager_loop(replaying, corpus, tmp_path, monkeypatch):
-    """bf16, batches 4 and 7 partial (3 rows of 4): each shape is captured once (steps 3 and 4) and
-    replayed after; the eager loop's bits, and no host synchronisation in a step but a capture's
-    one check."""
+    """bf16, batches 4 and 7 partial (3 rows of 4), evaluation every 4 steps: each shape is captured
+    once (steps 3 and 4) and replayed after; the eager loop's bits, and no host synchronisation in
+    a step but a capture's one check."""
     from xtrain_lessons.training import data, loop  # noqa: PLC0415
 
     get_batch = data.TokenDataset.get_batch
@@ -372,7 +372,7 @@ def test_batches_of_two_shapes_graphed_are_the_eager_loop(replaying, corpus, tmp
         counted_syncs.append(replaying.stats["host_syncs"] - before)
 
     monkeypatch.setattr(loop.Trainer, "train_step", counted)
-    kw = dict(dtype="bf16", steps=9, eval_every=0, sample_every=0, checkpoint_every=0)
+    kw = dict(dtype="bf16", steps=9, eval_every=4, sample_every=0, checkpoint_every=0)
     some_partial.n = 0
     _train(_config(corpus, tmp_path / "graph", True, **kw))
     graph_syncs, counted_syncs[:] = list(counted_syncs), []

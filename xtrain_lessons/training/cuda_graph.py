@@ -384,14 +384,14 @@ class LoopGraph(GraphCache):
         o.last_factors = entry.after[2]
 
     def _say(self, shape) -> None:
-        if self._said:
-            return
-        self._said = True
-        if self.reason is None:
+        """After a capture: the first that worked says so, the one that did not says why (once: the
+        step is eager from then on)."""
+        if self.reason is not None:
+            self.t.say(f"CUDA graph: off ({self.reason}); the step runs eagerly from step {self.t.step + 1}")
+        elif not self._said:
+            self._said = True
             self.t.say(f"CUDA graph: the step is captured and replayed (batch {shape[0]} x {shape[1]}; "
                        f"checked bit for bit against the eager step; --no-cuda-graph: eager)")
-        else:
-            self.t.say(f"CUDA graph: off ({self.reason}); the step runs eagerly")
 
 
 def device_stepper(trainer):
