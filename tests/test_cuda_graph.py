@@ -399,10 +399,10 @@ def test_a_step_that_cannot_be_captured_runs_eagerly_with_one_line(standin, corp
 
     monkeypatch.setattr(loop.Trainer, "device_step", with_a_sync)
     lines = []
-    _train(_config(corpus, tmp_path / "graph", True, steps=6, eval_every=0, sample_every=0), lines)
+    _train(_config(corpus, tmp_path / "graph", True, steps=4, eval_every=0, sample_every=0), lines)
     off = [line for line in lines if line.startswith("CUDA graph")]
     assert len(off) == 1 and "cudaErrorStreamCaptureUnsupported: a host synchronisation" in off[0], off
-    _train(_config(corpus, tmp_path / "eager", False, steps=6, eval_every=0, sample_every=0))
+    _train(_config(corpus, tmp_path / "eager", False, steps=4, eval_every=0, sample_every=0))
     _assert_same_run(tmp_path / "graph", tmp_path / "eager")
 
 
