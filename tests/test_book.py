@@ -127,7 +127,7 @@ MATHJAX_REPORT = r"""new Promise(resolve => {
       // from the browser's own font, typeset all the same
       messages: messages.filter(m => /error|undefined/i.test(m)).slice(0, 20)}));
   };
-  setTimeout(() => { window.__xtrain_timed_out = true; report(); }, 45000);
+  setTimeout(() => { window.__xtrain_timed_out = true; report(); }, 120000);
   if (!(window.MathJax && MathJax.Hub)) return report();
   const ready = () => (MathJax.isReady ? MathJax.Hub.Queue(report) : setTimeout(ready, 50));
   ready();
@@ -156,7 +156,7 @@ class PageReport:
         if m.get("equations") and not m.get("mathjax"):
             out.append("MathJax did not load")
         elif m.get("timed_out"):
-            out.append("MathJax had not finished after 45 s")
+            out.append("MathJax had not finished after 120 s")
         if m.get("typeset", 0) != m.get("equations", 0):
             out.append(f"{m.get('equations', 0) - m.get('typeset', 0)} of {m.get('equations')} equations not typeset")
         out += [f"MathJax error in: {src!r}" for src in m.get("errors", [])]
@@ -181,15 +181,17 @@ class _DevTools:
     def __init__(self, executable: str, profile: Path):
         import websocket
 
-        self.proc = subprocess.Popen([executable, *self.FLAGS, f"--user-data-dir={profile}", "about:blank"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        log = profile / "chromium.log"  # a file, not a pipe: nobody reads a pipe, and a full one blocks Chromium
+        with open(log, "wb") as err:
+            self.proc = subprocess.Popen([executable, *self.FLAGS, f"--user-data-dir={profile}", "about:blank"],
+                                         stdout=subprocess.DEVNULL, stderr=err)
         port_file = profile / "DevToolsActivePort"
         deadline = time.monotonic() + 60
         while not (port_file.exists() and len(port_file.read_text().splitlines()) >= 2):
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                err = self.proc.stderr.read().decode(errors="replace")[-2000:] if self.proc.poll() is not None else ""
                 self.close()
-                raise RuntimeError(f"Chromium did not start its DevTools endpoint: {err}")
+                tail = log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"Chromium did not start its DevTools endpoint:\n{tail}")
             time.sleep(0.05)
         port, path = port_file.read_text().splitlines()[:2]
         self.ws = websocket.create_connection(f"ws://127.0.0.1:{port}{path}", suppress_origin=True, timeout=5)
@@ -258,11 +260,11 @@ def _open_page(browser: _DevTools, url: str, page: str) -> PageReport:
     browser.events.clear()
     browser.call("Page.navigate", {"url": url}, session=sid)
     report = PageReport(page)
-    if not browser.wait_for(lambda e: e.get("method") == "Page.loadEventFired" and e.get("sessionId") == sid, 60):
-        report.exceptions.append("the page did not finish loading in 60 s")
+    if not browser.wait_for(lambda e: e.get("method") == "Page.loadEventFired" and e.get("sessionId") == sid, 120):
+        report.exceptions.append("the page did not finish loading in 120 s")
     else:
         res = browser.call("Runtime.evaluate", {"expression": MATHJAX_REPORT, "awaitPromise": True,
-                                                "returnByValue": True}, session=sid, timeout=60)
+                                                "returnByValue": True}, session=sid, timeout=150)
         report.mathjax = json.loads(res["result"]["value"])
     # requests still in flight (a font asked for by what MathJax drew) end before the page is judged
     for _ in range(100):
