@@ -293,24 +293,6 @@ def _open_page(browser: _DevTools, url: str, page: str) -> PageReport:
     return report
 
 
-def _tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds of a process and its descendants (Linux), for measuring the browser."""
-    tick = os.sysconf("SC_CLK_TCK")
-    stats = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                f = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            stats[int(d.name)] = (int(f[1]), (int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])) / tick)
-    tree, grew = {pid}, True
-    while grew:
-        more = {p for p, (ppid, _) in stats.items() if ppid in tree} - tree
-        grew, tree = bool(more), tree | more
-    return sum(stats[p][1] for p in tree if p in stats)
-
-
 def open_in_chromium(html: Path, pages: list[str]) -> list[PageReport]:
     """Serve `html` on 127.0.0.1 and open each page in one headless Chromium, one after another."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(html)))
@@ -319,10 +301,7 @@ def open_in_chromium(html: Path, pages: list[str]) -> list[PageReport]:
     with tempfile.TemporaryDirectory(prefix="xtrain-chromium-", ignore_cleanup_errors=True) as profile:
         browser = _DevTools(chromium_executable() or "chromium", Path(profile))
         try:
-            reports = [_open_page(browser, base + page, page) for page in pages]
-            if os.environ.get("XTRAIN_CHROMIUM_CPU"):
-                print(f"Chromium's CPU: {_tree_cpu_seconds(browser.proc.pid):.1f} s")
-            return reports
+            return [_open_page(browser, base + page, page) for page in pages]
         finally:
             browser.close()
             server.shutdown()
@@ -330,11 +309,8 @@ def open_in_chromium(html: Path, pages: list[str]) -> list[PageReport]:
 
 
 if __name__ == "__main__":
-    import resource
-
     root = Path(sys.argv[1])
     start = time.perf_counter()
     for r in open_in_chromium(root, sys.argv[2:] or book_pages(root)):
         print(f"{r.page}: {r.seconds:.1f} s, {r.equations} equations", *r.problems(), sep="\n  ")
-    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
-    print(f"{time.perf_counter() - start:.1f} s wall, Chromium's CPU {cpu.ru_utime + cpu.ru_stime:.1f} s")
+    print(f"{time.perf_counter() - start:.1f} s")
