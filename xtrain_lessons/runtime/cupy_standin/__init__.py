@@ -993,6 +993,11 @@ def subprocess_env(env=None, device: str = "cuda", kernels: str = "") -> dict:
         env["XTRAIN_DEVICE"] = device
     if kernels:
         env["XTRAIN_STANDIN_KERNELS"] = kernels
+    # cuBLAS gives one shape the same bits on every run; NumPy's OpenBLAS gives them only at a fixed
+    # thread count (on an AMD EPYC, a 2-thread sgemm differs from the 1-thread one in the last bit),
+    # and `xtrain launch` runs its ranks on one thread: one thread everywhere, as on the device.
+    for var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
+        env[var] = "1"
     return env
 
 
