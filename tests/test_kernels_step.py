@@ -444,6 +444,18 @@ NORM_CASES = {  # name: (values, max_norm, inv_scale)
 }
 
 
+def test_grad_norm_partials_match_their_reference(dev):
+    """The stand-in's end-to-end runs use this reference for the first launch (every block's sum)."""
+    n = 300_001
+    g = np.random.default_rng(3).standard_normal(n).astype(np.float32)
+    partials = dev.empty((grad_norm.NORM_GRID,), np.float64)
+    first = grad_norm.kernel(grad_norm._FILE, "grad_norm_partials", grad_norm._NAMES, dev.xp)
+    first((grad_norm.NORM_GRID,), (grad_norm.NORM_BLOCK,), (dev.put(g), np.int64(n), partials))
+    ref = grad_norm.grad_norm_partials_reference(g)
+    np.testing.assert_allclose(dev.get(partials), ref, rtol=1e-13, atol=0)  # double sums in two orders
+    assert np.sum(ref) == pytest.approx(float(np.sum(np.float64(g) ** 2)), rel=1e-13)
+
+
 @pytest.mark.parametrize("case", list(NORM_CASES))
 def test_global_norm_and_clip(dev, case):
     make, max_norm, inv_scale = NORM_CASES[case]

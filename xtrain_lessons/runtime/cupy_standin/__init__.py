@@ -51,9 +51,11 @@ behaviour the emulator does not model, or CuPy features the engine does not call
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import json
+import math
 import os
 import sys
 import types
@@ -267,6 +269,24 @@ def _wrap(x):
 # would otherwise see a new owner at every access)
 _OWNERS = weakref.WeakValueDictionary()
 _BUFFERS = weakref.WeakValueDictionary()  # id -> every live device buffer (what cuBLAS may address)
+_SPANS: dict[int, tuple[int, int]] = {}  # id -> (first, last + 1) address of that buffer while it lives
+
+
+_SORTED: list[tuple[int, int, int]] = []  # (first, end, id) of every span registered, by address
+
+
+def _live_buffer(lo: int, hi: int):
+    """The live device buffer holding the addresses [lo, hi), or None. Live buffers do not overlap,
+    so it is the live one starting last at or before lo; an entry counts while its id's buffer
+    lives and its span is the one registered last under that id."""
+    if len(_SORTED) > 2 * len(_BUFFERS) + 1024:  # forget the buffers gone
+        _SORTED[:] = sorted((*span, key) for key, span in _SPANS.items() if key in _BUFFERS)
+        for gone in [k for k in _SPANS if k not in _BUFFERS]:
+            del _SPANS[gone]
+    for first, end, key in reversed(_SORTED[:bisect.bisect_right(_SORTED, (lo, math.inf, math.inf))]):
+        if _SPANS.get(key) == (first, end) and _BUFFERS.get(key) is not None:
+            return _BUFFERS.get(key) if hi <= end else None
+    return None
 
 
 class ndarray:
@@ -288,6 +308,8 @@ class ndarray:
         if a.flags.owndata and a.nbytes:  # a new block from the pool (views share their base's)
             weakref.finalize(self, _pool._release, _pool._malloc(a.nbytes))
             _BUFFERS[id(a)] = a
+            span = _SPANS[id(a)] = (a.ctypes.data, a.ctypes.data + a.nbytes)
+            bisect.insort(_SORTED, (*span, id(a)))
         if a.base is None:
             _OWNERS[id(a)] = self
 
@@ -658,13 +680,14 @@ def _store(dst, values) -> None:
 
 
 def _reference_kernels() -> dict:
-    """name -> run(args, grid) for the training step's row kernels (runtime/kernels: one block per
-    row, barriers and warp shuffles in every block, the emulator's slowest case), computed by their
-    NumPy references in float64 and stored once. `XTRAIN_STANDIN_KERNELS=reference` uses them: the
-    end-to-end runs (every notebook and command on the cuda path) then take minutes instead of tens
+    """name -> run(args, grid) for the training step's row kernels and the gradient norm's partial
+    sums (runtime/kernels: barriers and warp shuffles in every block, the emulator's slowest case),
+    computed by their NumPy references in float64 and stored once. `XTRAIN_STANDIN_KERNELS=reference`
+    uses them: the end-to-end runs (every notebook and command on the cuda path) then take minutes instead of tens
     of minutes. The kernels themselves are tested on the emulator against the same references
     (tests/test_kernels_step.py) and through training runs (tests/test_fake_cupy.py)."""
     from xtrain_lessons.runtime.kernels import cross_entropy as ce  # noqa: PLC0415
+    from xtrain_lessons.runtime.kernels import grad_norm as gn  # noqa: PLC0415
     from xtrain_lessons.runtime.kernels import rmsnorm as rn  # noqa: PLC0415
     from xtrain_lessons.runtime.kernels import softmax as sm  # noqa: PLC0415
 
@@ -703,7 +726,10 @@ def _reference_kernels() -> dict:
     def ce_bwd(e, s_, targets, dloss, inv, V, ignore):
         _store(e, ce.cross_entropy_bwd_reference(rows(e, V), s_, targets, dloss, float(inv), int(ignore)))
 
-    return {"rmsnorm_fwd": rmsnorm_fwd, "rmsnorm_bwd": rmsnorm_bwd, "causal_softmax_fwd": causal_fwd,
+    def grad_norm_partials(g, n, partials):  # the fixed grid the launcher uses
+        partials[...] = gn.grad_norm_partials_reference(g[:int(n)], len(partials), gn.NORM_BLOCK)  # float64
+
+    return {"grad_norm_partials": grad_norm_partials, "rmsnorm_fwd": rmsnorm_fwd, "rmsnorm_bwd": rmsnorm_bwd, "causal_softmax_fwd": causal_fwd,
             "causal_softmax_bwd": causal_bwd, "softmax_exp_rows": softmax_exp, "cross_entropy_fwd": ce_fwd,
             "cross_entropy_bwd": ce_bwd}
 
@@ -889,11 +915,7 @@ def _device_matrices(ptr, dtype, batch, rows, cols, ld, stride):
     import ctypes  # noqa: PLC0415
 
     span = ((batch - 1) * stride + (rows - 1) + (cols - 1) * ld + 1) * dtype.itemsize
-    for buf in list(_BUFFERS.values()):
-        lo = buf.__array_interface__["data"][0]
-        if lo <= ptr and ptr + span <= lo + buf.nbytes:
-            break
-    else:
+    if _live_buffer(ptr, ptr + span) is None:
         raise RuntimeError(f"cudaErrorIllegalAddress: a cuBLAS operand at {ptr:#x} ({span:,} bytes) is not inside "
                            "one device array")
     flat = np.frombuffer((ctypes.c_char * span).from_address(ptr), dtype=dtype)
@@ -925,8 +947,7 @@ class _DirectCublas:
     def gemm_strided_batched_ex(self, stream_ptr, *args) -> None:
         _gemm("cublasGemmStridedBatchedEx", *args)
         if _capturing and _capturing[-1]._calls is not None:  # the graph keeps the operands' memory alive
-            live = [buf for ptr in (args[6], args[10], args[15]) for buf in list(_BUFFERS.values())
-                    if buf.__array_interface__["data"][0] <= ptr < buf.__array_interface__["data"][0] + buf.nbytes]
+            live = [_live_buffer(ptr, ptr + 1) for ptr in (args[6], args[10], args[15])]
             _record(lambda: (live, _gemm("cublasGemmStridedBatchedEx", *args))[1])
 
 

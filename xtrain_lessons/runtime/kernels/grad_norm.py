@@ -26,7 +26,8 @@ import numpy as np
 
 from xtrain_lessons.runtime.kernels._common import F32, check, device_of, kernel
 
-__all__ = ["global_norm_and_clip", "global_norm_and_clip_reference", "NORM_GRID", "NORM_BLOCK"]
+__all__ = ["global_norm_and_clip", "global_norm_and_clip_reference", "grad_norm_partials_reference", "NORM_GRID",
+           "NORM_BLOCK"]
 
 NORM_GRID = 256    # blocks of the squares' pass: fixed, so the summation order is too
 NORM_BLOCK = 256
@@ -74,3 +75,13 @@ def global_norm_and_clip_reference(flat_grad, max_norm, eps: float = 1e-6, inv_s
         c = max_norm / (norm + eps)
         coef = c if c < 1.0 else 1.0
     return np.array([norm, coef * inv_scale, 0.0 if finite else 1.0], np.float32)
+
+
+def grad_norm_partials_reference(flat_grad, grid: int = NORM_GRID, block: int = NORM_BLOCK) -> np.ndarray:
+    """What grad_norm_partials writes: partials[b] = the sum of g[i]^2 in float64 over the elements
+    block b's threads take in the grid-stride loop (i mod grid*block in [b*block, (b+1)*block))."""
+    g = np.asarray(flat_grad, np.float64).ravel()
+    stride = grid * block
+    padded = np.zeros(-(-g.size // stride) * stride)
+    padded[:g.size] = g
+    return np.sum(np.square(padded.reshape(-1, grid, block)), axis=(0, 2))
