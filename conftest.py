@@ -24,11 +24,14 @@ _saved_env = {k: os.environ.get(k) for k in LEARNER_ENV}
 
 
 # Test modules that call no BLAS: the NumPy-BLAS pass of scripts/run_tests.py leaves them out
-# (marker `blas_free`): compilers, the tokenizer, file formats, the repository's own consistency.
+# (marker `blas_free`): compilers, the tokenizer, file formats, the repository's own consistency,
+# and the CUDA kernels alone on the emulator (its threads are XTRAIN_EMULATOR_WORKERS, not
+# XTRAIN_THREADS; their references use NumPy whatever XTRAIN_BLAS says).
 BLAS_FREE = {"test_nvcc_compile.py", "test_nvrtc_compile.py", "test_bpe.py", "test_tokenizer.py", "test_doctor.py",
              "test_packaging.py", "test_layers.py", "test_phase_map.py", "test_notebook_pipeline.py",
              "test_notebook_outputs.py", "test_data_fetch.py", "test_corpus.py", "test_device_refusal.py",
-             "test_gpu_lease.py", "test_cublas_direct.py"}
+             "test_gpu_lease.py", "test_cublas_direct.py", "test_cuda_emulator.py", "test_emulator_features.py",
+             "test_emulator_sanitizer.py", "test_kernels_bf16.py", "test_kernels_t02.py"}
 # The quick loop between edits (`python -m pytest -m quick`, about two minutes): every layer of the
 # package once, and one notebook. The full command in the README stays the gate.
 QUICK = {"test_layers.py", "test_device.py", "test_cuda_emulator.py", "test_autograd.py", "test_model_parity.py",

@@ -5,8 +5,8 @@ environment; the shards run as many at a time as the machine has cores (two on a
 the longest first, so that the cores stay busy to the end:
 
     solution notebooks      solutions/ under nbval, the engine's default BLAS (MKL when installed)
-    learner notebooks       notebooks/ under nbval, NumPy's own BLAS (conftest.py sets it)
-    GPU path on stand-in    every solution notebook and command on CuPy's stand-in (marker standin)
+    GPU path on stand-in    every learner notebook (exercises unsolved: each check must say not yet,
+                            on the GPU) and every command on CuPy's stand-in (marker standin)
     mutants                 every exercise check against its wrong solutions (marker mutants)
     package tests           tests/ except the shards above and the book
     package tests, NumPy's BLAS, one thread
@@ -58,7 +58,6 @@ def marked(marker: str) -> list[str]:
 
 SHARDS = [
     Shard("solution notebooks", ["solutions"], 560),
-    Shard("learner notebooks", ["notebooks"], 420),
     Shard("GPU path on stand-in", [*marked("standin"), "-m", "standin"], 450),
     Shard("mutants", [*marked("mutants"), "-m", "mutants"], 290),
     Shard("package tests", ["tests", "-m", NOT_OTHERS], 400),

@@ -85,7 +85,7 @@ def test_the_shards_cover_the_whole_suite_once():
     marker expressions split tests/ without a gap or an overlap."""
     rt = _run_tests_module()
     names = [s.name for s in rt.SHARDS]
-    assert {"solution notebooks", "learner notebooks", "mutants", "book"} <= set(names)
+    assert {"solution notebooks", "GPU path on stand-in", "mutants", "book"} <= set(names)
     on_tests = [s.args[s.args.index("-m") + 1] for s in rt.SHARDS if "-m" in s.args and not s.env]
     kinds = [{"standin"}, {"mutants"}, {"book"}, set()]  # the marker sets a test may carry
     for carried in kinds:
@@ -93,6 +93,11 @@ def test_the_shards_cover_the_whole_suite_once():
         assert len(chosen) == 1, f"a test marked {carried or 'nothing'} is run by {len(chosen)} shards: {chosen}"
     numpy_pass = next(s for s in rt.SHARDS if s.env.get("XTRAIN_BLAS") == "numpy")
     assert numpy_pass.env["XTRAIN_THREADS"] == "1" and "not blas_free" in numpy_pass.args[-1]
+    # the learner notebooks: on the stand-in (tests/test_gpu_path.py), T19 by its study command there
+    import test_gpu_path  # noqa: PLC0415
+
+    learner = {p.name for p in (Path(rt.REPO) / "notebooks").glob("T*.ipynb")}
+    assert learner - {p.name for p in test_gpu_path.LEARNER} == {n for n in learner if n.startswith("T19_")}
 
 
 @pytest.mark.parametrize("statuses", [(0, 0, 0), (1, 0, 0), (0, 0, 1), (0, 5, 0)])
