@@ -379,3 +379,21 @@ def test_integer_widths_and_tensors_are_compared():
 def test_a_mismatch_shows_enough_digits_to_see_the_difference():
     with pytest.raises(Mismatch, match=r"got -0\.11061, expected -0\.11061001;"):
         assert_close(np.array([-0.11061]), np.array([-0.11061001]), what="theta")
+
+
+def test_product_entries_counts_the_scores_a_tiled_attention_computes():
+    from xtrain_lessons.course.checks import product_entries
+
+    r = np.random.default_rng(0)
+    q, k, v = (r.standard_normal((32, 4)) for _ in range(3))
+
+    def tiled(q, k, v, tile, skip):
+        out = np.zeros_like(q)
+        for i0 in range(0, 32, tile):
+            for j0 in range(0, i0 + tile if skip else 32, tile):
+                s = q[i0:i0 + tile] @ k[j0:j0 + tile].T       # scores: counted
+                out[i0:i0 + tile] += np.exp(s - 10) @ v[j0:j0 + tile]   # with v: not counted
+        return out
+    assert product_entries(tiled, q, k, v, 8, False) == 32 * 32
+    assert product_entries(tiled, q, k, v, 8, True) == 8 * 8 * (1 + 2 + 3 + 4)
+    assert product_entries(lambda a, b: np.einsum("td,sd->ts", a, b), q, k) == 32 * 32
