@@ -28,6 +28,7 @@ import json
 import os
 
 from xtrain_lessons.interop.hf import ExportError, closed_loop_check, export_hf
+from xtrain_lessons.cli.device_check import require_device
 from xtrain_lessons.cli.errors import UsageError, report
 from xtrain_lessons.training.checkpoint import CheckpointError
 from xtrain_lessons.training.config import DEFAULT_RUN_TIME_LIMIT, TrainConfig
@@ -114,8 +115,25 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     bar.add_argument("--no-progress", dest="progress", action="store_false")
 
 
-def run(args: argparse.Namespace) -> int:
+def asked_dtype(args: argparse.Namespace) -> str | None:
+    """The compute dtype this run will use, as far as it can be told before any work: the flag, else
+    the --config file's, else the resumed run's config.json's (None when none of them says; their
+    errors are reported where they are read)."""
+    if args.dtype:
+        return args.dtype
+    try:
+        if args.config and not args.resume:
+            return TrainConfig.from_file(args.config).dtype
+        if args.resume:
+            with open(os.path.join(args.resume, "config.json")) as f:
+                return json.load(f).get("train", {}).get("dtype")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return None
 
+
+def run(args: argparse.Namespace) -> int:
+    require_device("train", asked_dtype(args))  # before any work: the GPU asked for is there, or one line
     overrides = {dest: getattr(args, dest) for _, dest, _, _ in _FLAGS if getattr(args, dest) is not None}
     if args.name:
         if "out" in overrides:

@@ -20,6 +20,13 @@ algorithm is `xtrain_lessons/runtime/kernels/flash_attention.cu`.
 
 `attention_memory(...)` measures the bytes an attention call keeps for backward and its peak
 (with tracemalloc, which sees every NumPy allocation); T14's notebook reports both paths.
+
+On a GPU (CuPy arrays) the same node runs as CUDA C kernels instead of array code:
+bfloat16 q, k, v (head dim <= 128) on the tensor cores (`runtime/kernels/flash_attention_tc.cu`:
+mma.sync, float32 softmax statistics), float32 on the CUDA cores
+(`runtime/kernels/flash_attention.cu`). `gpu_attention` is the attention of the GPU's bf16
+forward (model/precision.py): the tensor-core kernels where they apply, composed attention
+otherwise (issue 39: flash-attention as the GPU's attention).
 """
 
 from __future__ import annotations
@@ -29,10 +36,14 @@ import math
 import numpy as np
 
 from xtrain_lessons.autograd.tensor import Tensor, make_node
-from xtrain_lessons.runtime.device import array_module
+from xtrain_lessons.model.layers import causal_attention
+from xtrain_lessons.runtime.device import array_module, on_gpu
+from xtrain_lessons.runtime.kernels import flash_attention as cuda_core
+from xtrain_lessons.runtime.kernels import flash_attention_tc as tensor_core
 
-__all__ = ["flash_attention", "flash_attention_fwd", "flash_attention_bwd",
-           "attention_reference", "saved_bytes", "attention_memory", "DEFAULT_BLOCK"]
+__all__ = ["flash_attention", "flash_attention_fwd", "flash_attention_bwd", "gpu_attention",
+           "tensor_core_attention", "uses_tensor_cores", "attention_reference", "saved_bytes",
+           "attention_memory", "DEFAULT_BLOCK"]
 
 DEFAULT_BLOCK = 64
 
@@ -170,14 +181,56 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True,
     """Attention as one graph node that saves only (out, lse) besides its inputs.
 
     Same layout and result as `layers.causal_attention` (with causal=True): q (B, Tq, H, D),
-    k, v (B, Tk, Hkv, D) -> (B, Tq, H, D).
+    k, v (B, Tk, Hkv, D) -> (B, Tq, H, D). On a GPU it runs as CUDA kernels (module doc;
+    block_q / block_k then do not apply).
     """
+    if on_gpu(q.data) and uses_tensor_cores(q.data, k.data, v.data):
+        return tensor_core_attention(q, k, v, causal)
+    if on_gpu(q.data) and q.dtype == np.float32 and q.shape[-1] <= cuda_core.MAX_D:
+        return _cuda_core_attention(q, k, v, causal)
     out, lse = flash_attention_fwd(q.data, k.data, v.data, causal, block_q, block_k)
 
     def backward(g):
         return flash_attention_bwd(q.data, k.data, v.data, out, lse, g, causal, block_q, block_k)
 
     return make_node(out, (q, k, v), backward, "flash_attention")
+
+
+def uses_tensor_cores(q, k, v) -> bool:
+    """True when the tensor-core kernels take these arrays: bf16 CuPy arrays, head dim <= 128."""
+    return (on_gpu(q) and all(a.dtype == tensor_core.BF16 for a in (q, k, v))
+            and q.shape[-1] <= tensor_core.MAX_D)
+
+
+def tensor_core_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True) -> Tensor:
+    """Flash-attention as one node on bf16 arrays, by the tensor-core kernels (forward: o, lse;
+    backward: dq, dk, dv recomputed from them). Keeps o and lse (B * H * Tq floats) for backward."""
+    out, lse = tensor_core.flash_attention_tc_fwd(q.data, k.data, v.data, causal=causal)
+
+    def backward(g):
+        g = g if g.dtype == tensor_core.BF16 else g.astype(tensor_core.BF16)
+        return tensor_core.flash_attention_tc_bwd(q.data, k.data, v.data, out, lse, g, causal=causal)
+
+    return make_node(out, (q, k, v), backward, "flash_attention_tc")
+
+
+def _cuda_core_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+    """The float32 node on the CUDA cores (kernels/flash_attention.cu, one thread per row)."""
+    out, lse = cuda_core.flash_attention_fwd_cuda(q.data, k.data, v.data, causal)
+
+    def backward(g):
+        return cuda_core.flash_attention_bwd_cuda(q.data, k.data, v.data, out, lse, g, causal)
+
+    return make_node(out, (q, k, v), backward, "flash_attention")
+
+
+def gpu_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The causal attention of the GPU's bf16 forward: the tensor-core flash kernels for bf16
+    CuPy arrays (O(T) memory, masked tiles skipped), `layers.causal_attention` for anything
+    else (float16, head dims above 128, NumPy arrays)."""
+    if uses_tensor_cores(q.data, k.data, v.data):
+        return tensor_core_attention(q, k, v)
+    return causal_attention(q, k, v)
 
 
 def attention_reference(q, k, v, causal: bool = True):

@@ -69,6 +69,7 @@ import numpy as np
 
 from xtrain_lessons.autograd.tensor import Tensor, as_tensor, make_node
 from xtrain_lessons.model.dropout import dropout_scale
+from xtrain_lessons.model.flash_attention import gpu_attention
 from xtrain_lessons.model.layers import _from_heads, _rotate_half_T, _to_heads, rotate_half
 from xtrain_lessons.runtime.device import array_module, on_gpu
 from xtrain_lessons.runtime.kernels.bf16 import bf16_to_f32, f32_to_bf16
@@ -365,8 +366,7 @@ def forward_lowp(model, ids, dtype: str = "bf16") -> Tensor:
     the same Philox sites), run with this module's layer functions and low-precision copies
     of the weights, cast once per call. The residual stream stays float32.
     """
-    if model.config.attention != "composed":
-        raise ValueError(f"{dtype} compute supports attention='composed' only (not the flash path)")
+    _check_attention(model, dtype)
     if dtype == "bf16":
         _need_numpy(model.params["lm_head.weight"].data)
     low = LOW_DTYPES[dtype]
@@ -375,6 +375,13 @@ def forward_lowp(model, ids, dtype: str = "bf16") -> Tensor:
 
 def _on_gpu(model) -> bool:
     return on_gpu(model.params["lm_head.weight"].data)
+
+
+def _check_attention(model, dtype: str) -> None:
+    """The flash path exists in bf16 on a GPU only (the tensor-core kernels, issue 39)."""
+    if model.config.attention != "composed" and not (dtype == "bf16" and _on_gpu(model)):
+        raise ValueError(f"{dtype} compute supports attention='composed' only (the flash path runs in float32, "
+                         "and in bf16 on a GPU)")
 
 
 def _layers_for(model, low):
@@ -387,10 +394,10 @@ def _layers_for(model, low):
     from xtrain_lessons.autograd import ops  # noqa: PLC0415
     from xtrain_lessons.model import layers  # noqa: PLC0415
 
-    if _on_gpu(model):
+    if _on_gpu(model):  # bf16 attention: flash-attention on the tensor cores (issue 39)
         return SimpleNamespace(rmsnorm=partial(ops.rmsnorm, out_dtype=low), linear=layers.linear, rope=layers.rope,
-                               attention=layers.causal_attention, swiglu=layers.swiglu,
-                               dropout=partial(dropout, low=low))
+                               attention=gpu_attention if low == BF16 else layers.causal_attention,
+                               swiglu=layers.swiglu, dropout=partial(dropout, low=low))
     return SimpleNamespace(**{f.__name__: partial(f, low=low) for f in (rmsnorm, linear, rope, swiglu, dropout)},
                            attention=partial(causal_attention, low=low))
 
@@ -409,8 +416,7 @@ def loss_lowp(model, ids, targets, ignore_index: int = -100, dtype: str = "bf16"
         return cross_entropy(forward_lowp(model, ids, dtype), targets, ignore_index=ignore_index, low=low)
     from xtrain_lessons.model.layers import linear_cross_entropy  # noqa: PLC0415
 
-    if model.config.attention != "composed":
-        raise ValueError(f"{dtype} compute supports attention='composed' only (not the flash path)")
+    _check_attention(model, dtype)
     params = cast_params(model.params, low=low)
     h = model._forward(ids, layers=_layers_for(model, low), params=params, head=False)
     return linear_cross_entropy(h, params["lm_head.weight"], targets, ignore_index)
