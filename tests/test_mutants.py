@@ -162,11 +162,12 @@ def _global_reads(table: symtable.SymbolTable) -> set[str]:
     return out
 
 
-def cell_names(source: str) -> tuple[set[str], set[str], set[str]]:
+def cell_names(source: str) -> tuple[set[str], set[str], set[str], dict[str, set[str]]]:
     """(names a cell binds at module level, those of them bound to data rather than by an import, a
     def or a class, names it reads from the module: at module level before binding them, and from
-    inside its functions, lambdas and comprehensions)."""
-    binds, data, reads = set(), set(), set()
+    inside its functions, lambdas and comprehensions; and for each function or class it defines,
+    the module names its body reads, which a call reads too)."""
+    binds, data, reads, functions = set(), set(), set(), {}
 
     def read(*nodes):
         for node in nodes:
@@ -203,12 +204,14 @@ def cell_names(source: str) -> tuple[set[str], set[str], set[str]]:
             elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 read(stmt)
                 binds.add(stmt.name)
+                inner = symtable.symtable(ast.unparse(stmt), "<def>", "exec")
+                functions[stmt.name] = _global_reads(inner)
             else:
                 read(stmt)
                 bind(*(n for n in _module_level(stmt) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)))
 
     visit(ast.parse(source).body)
-    return binds, data, reads | _global_reads(symtable.symtable(source, "<cell>", "exec"))
+    return binds, data, reads | _global_reads(symtable.symtable(source, "<cell>", "exec")), functions
 
 
 def mutant_reads(cell: str, ex_id: str, mutant) -> set[str]:
@@ -230,19 +233,33 @@ def mutant_reads(cell: str, ex_id: str, mutant) -> set[str]:
 def needed_cells(cells: list[str], forced: set[int], reads_of: dict[int, set[str]]) -> set[int]:
     """The cells a run of the forced cells needs, found going backwards: a cell is needed when it
     binds a name a needed cell after it reads, or reads a data name one of them reads (it may
-    change it: draw from an RNG, train a model, write into a folder)."""
-    info = [cell_names(c) for c in cells]
-    data_before, data = [], set()
-    for binds, bound_data, _ in info:
+    change it: draw from an RNG, train a model, write into a folder). A cell reads what the
+    functions it names read (a helper that draws from the notebook's RNG draws for it)."""
+    info, data_before, data, functions = [], [], set(), {}
+    for cell in cells:
+        binds, bound_data, reads, defined = cell_names(cell)
         data_before.append(set(data))
         data |= bound_data
+        functions.update(defined)
+        info.append((binds, _through_calls(reads, functions)))
     need, wanted = set(), set()
     for k in range(len(cells) - 1, -1, -1):
-        binds, _, reads = info[k]
+        binds, reads = info[k]
         if k in forced or binds & wanted or reads & wanted & data_before[k]:
             need.add(k)
-            wanted |= reads | reads_of.get(k, set())
+            wanted |= reads | _through_calls(reads_of.get(k, set()), functions)
     return need
+
+
+def _through_calls(reads: set[str], functions: dict[str, set[str]]) -> set[str]:
+    """reads, with what the functions among them read, and so on."""
+    out, todo = set(reads), list(reads)
+    while todo:
+        for name in functions.get(todo.pop(), ()):
+            if name not in out:
+                out.add(name)
+                todo.append(name)
+    return out
 
 
 def mutate_notebook(stem: str) -> list[str]:
@@ -316,7 +333,12 @@ def test_only_the_cells_the_checks_need_run():
     assert needed_cells(cells, {3, 4}, {}) == {0, 1, 3, 4}
     assert needed_cells(cells, {3, 4}, {3: {"WORK"}}) == {0, 1, 2, 3, 4}  # a mutant reads WORK
     assert cell_names("for W in range(3):\n    print(W)\ndef g(v):\n    return v + eps") == \
-        ({"W", "g"}, {"W"}, {"range", "print", "eps"})
+        ({"W", "g"}, {"W"}, {"range", "print", "eps"}, {"g": {"eps"}})
+    helper = ["import numpy as np\nrng = np.random.default_rng(0)\ndef randn(n):\n    return rng.standard_normal(n)",
+              "x = randn(3)",                                                    # draws through the helper
+              "def f(a):\n    return a",
+              "y = randn(2)\nassert (f(y) == y).all()"]
+    assert needed_cells(helper, {2, 3}, {}) == {0, 1, 2, 3}
 
 
 @pytest.mark.slow
