@@ -1,4 +1,4 @@
-"""A device asked for by name is used or refused (issue 39): `xtrain train|bench train|sample
+"""A device asked for by name is used or refused (issue 39): `xtrain <any command but doctor>
 --device cuda` where no GPU answers is one line and exit 2 before any work (no tokenizer trained,
 no run folder begun); bf16 on a GPU without bf16 tensor cores likewise; `xtrain sample --device
 cuda` runs on the GPU (the stand-in here) rather than silently on the CPU."""
@@ -42,12 +42,20 @@ def cpu_run(tmp_path_factory):
 
 
 @pytest.mark.skipif(device.gpu_available(), reason="this machine has a GPU: nothing to refuse")
-@pytest.mark.parametrize("command", [["train"], ["bench", "train"], ["sample", "RUN"]], ids=" ".join)
+@pytest.mark.parametrize("command", [["train"], ["bench", "train"], ["sample", "RUN"], ["eval", "RUN", "--data", "x.txt"],
+                                     ["export", "RUN", "--out", "hf"], ["study", "--preset", "quick"],
+                                     ["grpo", "RUN", "--reward", "word:dog"],
+                                     ["launch", "--nproc", "2", "DEVICE", "--", "xtrain", "train"],
+                                     ["notebooks", "DEVICE", "run", "T00"], ["data", "DEVICE", "fetch", "tinystories"]],
+                         ids=lambda c: " ".join(a for a in c if a != "DEVICE"))
 def test_the_gpu_asked_for_where_there_is_none_is_one_line_before_any_work(command, cpu_run, tmp_path):
-    args = [str(cpu_run) if a == "RUN" else a for a in command]
+    args = [str(cpu_run) if a == "RUN" else a for a in command]  # --device where the parser takes it
+    args = [x for a in args for x in (["--device", "cuda"] if a == "DEVICE" else [a])]
+    if "DEVICE" not in command:
+        args += ["--device", "cuda"]
     env = {k: v for k, v in os.environ.items() if k not in ("XTRAIN_DEVICE", "XTRAIN_DEBUG")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    p = subprocess.run([sys.executable, "-m", "xtrain_lessons.cli.main", *args, "--device", "cuda"], cwd=tmp_path,
+    p = subprocess.run([sys.executable, "-m", "xtrain_lessons.cli.main", *args], cwd=tmp_path,
                        env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, p.stdout + p.stderr
     assert p.stdout == "" and len(p.stderr.strip().splitlines()) == 1, p.stdout + p.stderr

@@ -105,6 +105,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="recompute each block's activations in backward (T13)")
     parser.add_argument("--dropout", type=float, default=None, metavar="P",
                         help="dropout probability at the residual sites (T18)")
+    parser.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", default=None,
+                        help="--device cuda: run every step eagerly. By default the step (forward, backward, "
+                        "clip, AdamW) is captured once per batch shape as a CUDA graph and replayed with one "
+                        "launch, its capture checked bit for bit against the eager step (T07); lr, the batch, "
+                        "dropout's stream and fp16's loss scale are read from device memory at each replay. "
+                        "Features that need the host inside a step (xtrain launch, --log-every 1) keep it "
+                        "eager, with one line saying so")
     parser.add_argument("--no-export", dest="export", action="store_false",
                         help="do not export RUN_DIR/hf/ (Hugging Face layout) at the end")
     parser.add_argument("--no-hf-check", dest="hf_check", action="store_false",
@@ -147,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
             k, v = item.split("=", 1)
             model[k.strip()] = _parse_value(v.strip())
         overrides["model"] = model
+    if getattr(args, "cuda_graph", None) is not None:
+        overrides["cuda_graph"] = args.cuda_graph
     switches = {"attention": args.attention, "recompute": args.recompute, "dropout": args.dropout}
     switches = {k: v for k, v in switches.items() if v is not None}
     if switches:

@@ -9,8 +9,8 @@ Everything that lists the phases is generated from this table:
   called by `xtrain notebooks build` and after `xtrain notebooks run`; tests/test_book.py
   checks it is fresh);
 - the "what runs where" table (`RUNS_WHERE`, `runs_where_markdown`): what the CPU and the GPU
-  path compute for real and what they emulate. The GPU column is the engine's target while the
-  GPU path is being built: update it here, in one place.
+  path compute for real and what they emulate, the GPU column headed by the engine's last run on a
+  real GPU against torch (`gpu_runs.py`, the one place those figures are written).
 
 Run times are measured, never typed: `xtrain notebooks run` records how long each solution
 notebook took (and on how many cores) in `run_times.json` beside this module.
@@ -24,6 +24,8 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from xtrain_lessons.course import gpu_runs
 
 RUN_TIMES = Path(__file__).with_name("run_times.json")
 REPO = Path(__file__).resolve().parents[2]
@@ -55,15 +57,16 @@ TABLE: list[Phase] = [
            "course/notebooks.py", "course/doctor.py", "course/phases.py",
            "cli/main.py", "cli/errors.py", "cli/notebooks.py", "cli/doctor.py"],
           ["test_course.py", "test_mutants.py", "test_notebook_pipeline.py", "test_notebook_outputs.py",
-           "test_doctor.py", "test_cli.py", "test_packaging.py", "test_book.py", "test_layers.py",
+           "test_doctor.py", "test_cli.py", "test_packaging.py", "test_book.py", "test_book_references.py", "test_layers.py",
            "test_phase_map.py"], core=True),
     Phase("T01", "devices_and_kernels", "Devices and the build chain",
           "host and device memory, NumPy vs CuPy, a vector-add CUDA C kernel on a GPU and on the CPU "
           "emulator, compile checks, timing with syncs",
-          ["runtime/device.py", "runtime/cuda/", "runtime/kernels/vector_add.py", "runtime/cupy_standin/"],
+          ["runtime/device.py", "runtime/cuda/", "runtime/kernels/vector_add.py", "runtime/cupy_standin/",
+           "course/kernel_trace.py"],
           ["test_device.py", "test_cuda_emulator.py", "test_nvcc_compile.py", "test_nvrtc_compile.py",
            "test_emulator_features.py", "test_emulator_sanitizer.py", "test_fake_cupy.py",
-           "test_gpu_path.py"],
+           "test_gpu_path.py", "test_book_kernel_trace.py"],
           core=True, reference="vector add verified against the host"),
     Phase("T02", "tensors", "Tensors",
           "dtype, shape, strides, storage; views vs copies; broadcasting; elementwise, transpose and "
@@ -106,7 +109,7 @@ TABLE: list[Phase] = [
           "and MFU",
           ["runtime/cpu_threads.py", "runtime/blas.py", "runtime/host/fused_rows.py", "model/causal_blocks.py",
            "runtime/kernels/adamw.py", "training/fused_adamw.py", "measure/bench.py", "measure/torch_twin.py",
-           "measure/profiler.py", "cli/bench.py", "runtime/kernels/_common.py", "runtime/kernels/rmsnorm.py",
+           "measure/profiler.py", "course/gpu_runs.py", "cli/bench.py", "runtime/kernels/_common.py", "runtime/kernels/rmsnorm.py",
            "runtime/kernels/swiglu.py", "runtime/kernels/rope.py", "runtime/kernels/softmax.py",
            "runtime/kernels/cross_entropy.py", "runtime/kernels/residual.py", "runtime/kernels/grad_norm.py",
            "runtime/fused.py", "measure/bench_gpu.py", "measure/device_calls.py", "training/cuda_graph.py",
@@ -177,11 +180,9 @@ PHASES = {p.id: (p.topic, p.modules, p.tests) for p in TABLE}
 
 
 # ---- what runs where ----------------------------------------------------------------------------
-# (what, on the CPU (NumPy), on a GPU (CuPy)). The GPU column is the engine's target while the GPU
-# path is being built (update it here when it lands).
-GPU_STATUS = ("run on one H100 (November 2026), against torch in the same run: float32 1.26-1.27x torch eager "
-              "at the 20m and GPT-2-small shapes (0.89x at the launch-bound tiny one); the step as a CUDA graph "
-              "1.28-4.3x eager in float32 and 1.42-1.45x torch autocast in bf16 (eager: 0.74-0.88x)")
+# (what, on the CPU (NumPy), on a GPU (CuPy)). The GPU column is what the GPU path computes; its
+# heading, the engine against torch on a real GPU, is computed from the recorded run (gpu_runs.py).
+GPU_STATUS = gpu_runs.gpu_status()
 RUNS_WHERE: list[tuple[str, str, str]] = [
     ("float32", "real: NumPy float32, matmuls through MKL or OpenBLAS",
      "real: CuPy float32, every product one cuBLAS GEMM (no TF32)"),

@@ -48,6 +48,8 @@ and gradient norm stay on the device, clipping and the finite check run there, a
 step's update (and every later one) is skipped on the device; the values are read every N
 steps (and before evaluating, sampling or saving), where the run stops the same way, with
 the weights of the last good step. On the CPU reading a value is free, so N = 1 there.
+On a GPU that step is captured once per batch shape as a CUDA graph and replayed
+(training/cuda_graph.py; `cuda_graph=False`, `--no-cuda-graph`, keeps it eager): `Trainer.stepper`.
 Ctrl-C finishes the step in progress, saves a checkpoint and returns cleanly (a second
 Ctrl-C aborts at once); SIGTERM (a scheduler, `docker stop`, the launcher) does the same.
 
@@ -107,6 +109,7 @@ from xtrain_lessons.training.checkpoint import (
     step_dir_name,
 )
 from xtrain_lessons.training.config import RESUME_FIXED_FIELDS, ConfigError, TrainConfig, model_config
+from xtrain_lessons.training.cuda_graph import device_stepper
 from xtrain_lessons.training.data import TokenDataset, default_corpus_path, prepare
 from xtrain_lessons.training.deferred import PendingSteps, TrainingDiverged
 from xtrain_lessons.training.fused_adamw import FusedAdamW
@@ -486,6 +489,7 @@ class Trainer:
         self.deferred = self.log_every > 1
         self.healthy = True  # on the device once a deferred step ran: every step so far was finite
         self.pending = PendingSteps(self.tokens_per_step, self.log_every, self.world)  # tokens/s: all ranks
+        self.stepper = device_stepper(self)  # the GPU's step, eager or as a CUDA graph; None on the CPU
         # without a progress bar (no terminal: a notebook, a CI log) a line every 1/25 of the run
         self.print_every = max(1, cfg.steps // 25)
         self.bar = tqdm(total=cfg.steps, initial=self.step, disable=not self.progress,
@@ -542,11 +546,10 @@ class Trainer:
         lr = lr_at(step + 1, cfg.max_lr, cfg.min_lr, cfg.warmup, cfg.steps)
         x, y = self.train_ds.get_batch(cfg.batch_size * cfg.accum_steps * self.world, cfg.seq_len, self.rng)
         self.model.dropout_step = step  # T18: masks keyed by step, so resume redraws them
+        if self.stepper is not None:  # the GPU: all of it on the device (device_step), maybe as a CUDA graph
+            return self._finish_step(t0, lr, *self.stepper(x, y, lr))
         loss_val = self._forward_backward(x, y, lr)
         extra, skip, gnorm = {}, False, None
-        if self.deferred and isinstance(self.opt, FusedAdamW):  # the GPU: all of it on the device
-            self._device_update(lr, loss_val, extra)
-            return self._finish_step(t0, lr, loss_val, self.opt.last_factors[0], extra)
         if self.scaler is not None:  # T12 fp16: unscale before clipping, once per optimizer step;
             extra["loss_scale"] = self.scaler.get_scale()  # an inf/NaN gradient on any rank: skip
             skip = self.scaler.unscale_(self.params, collectives if self.ddp is not None else None)
@@ -567,7 +570,16 @@ class Trainer:
         self.step += 1
         self.pending.add(self.step, lr, loss_val, gnorm, dt, time.perf_counter() - self.t_start, extra)
 
-    def _device_update(self, lr, loss_val, extra) -> None:
+    def device_step(self, x, y, lr, step_scalars=None):
+        """The GPU step with no host synchronisation (T07): (loss, gradient norm, extra), all device
+        values. What training/cuda_graph.py captures: then x and y are checked device buffers and
+        `step_scalars` (AdamW's lr and bias corrections in device memory) stands for lr."""
+        extra = {}
+        loss_val = self._forward_backward(x, y, lr)
+        self._device_update(lr, loss_val, extra, step_scalars)
+        return loss_val, self.opt.last_factors[0], extra
+
+    def _device_update(self, lr, loss_val, extra, step_scalars=None) -> None:
         """The optimizer's part of a GPU step with no host synchronisation (T07): the global norm,
         the clip and fp16's unscale folded into one factor over the flat gradient buffer, the update
         skipped on the device when the loss (or, without fp16, the norm) is not finite or the fp16
@@ -582,7 +594,7 @@ class Trainer:
         finite = xp.isfinite(loss_val) if scaler is not None else xp.isfinite(loss_val) & xp.isfinite(gnorm)
         self.healthy = self.healthy & finite
         self.in_update = True
-        self.opt.step(lr, where=self.healthy)  # also skipped where the fp16 gradients overflowed
+        self.opt.step(lr, where=self.healthy, step_scalars=step_scalars)  # also skipped where fp16 overflowed
         self.in_update = False
         if scaler is not None:
             scaler.update_from(self.opt.last_factors)
@@ -613,8 +625,10 @@ class Trainer:
         cfg, model = self.cfg, self.model
         scale = self.scaler.scale if self.scaler is not None else None  # T12 fp16
         if cfg.accum_steps > 1 or self.ddp is not None:  # T16/T08: this rank's micro-batches,
-            loss_val = average_scalar(accumulate_gradients(   # one all-reduce at the end
-                model, micro_batches(x, y, cfg.accum_steps, self.rank, self.world), self.ddp, scale))
+            batches = micro_batches(x, y, cfg.accum_steps, self.rank, self.world)  # one all-reduce at the end
+            if self.deferred and self.ddp is None:  # the losses summed on the device (T07)
+                return accumulate_gradients(model, batches, None, scale, sync=False)
+            loss_val = average_scalar(accumulate_gradients(model, batches, self.ddp, scale))
             if not self.deferred:  # the same mean on every rank: they all stop together
                 self._check_loss(loss_val, lr)
             return loss_val

@@ -484,9 +484,49 @@ def compile_library(cpp: str, flags: tuple[str, ...] = (), filename: str = "kern
     if folder is not None:
         local = ("-I", str(folder))
         cpp += f"// included: {hashlib.sha256(_local_includes(cpp, filename).encode()).hexdigest()}\n"
-    cmd_flags = (*CXX_FLAGS, *_tls_flags(compiler()), "-I", str(INCLUDE_DIR), *local, "-include", COMPAT_HEADER,
-                 *flags)
-    return _build(cpp, cmd_flags, "", filename, link=(str(runtime),), source=source)
+    base = (*CXX_FLAGS, *_tls_flags(compiler()), "-I", str(INCLUDE_DIR))
+    compat = _precompiled_compat(base, flags) or COMPAT_HEADER
+    return _build(cpp, (*base, *local, "-include", compat, *flags), "", filename, link=(str(runtime),), source=source)
+
+
+_pch_failed: set = set()
+
+
+def _precompiled_compat(base: tuple[str, ...], flags: tuple[str, ...]) -> str | None:
+    """The compat header precompiled once per set of flags (g++ only), in the cache: the path to
+    pass to -include, or None to include the header as it is.
+
+    Parsing the header and the C++ library behind it is most of a small kernel's compile (0.4 of
+    0.6 s); a precompiled header makes it 0.25 s, and a full test run compiles hundreds of kernels.
+    Only with no -D / -U of the kernel's own (a macro could change the header); g++ falls back to
+    the header itself when the .gch does not fit, so a bad .gch costs time, never correctness."""
+    if "clang" in _compiler_version(compiler()).lower() or any(f != "-DXT_SANITIZE" for f in flags):
+        return None
+    cmd = [f for f in base if f != "-shared"] + list(flags)
+    key = hashlib.sha256("\0".join([EMULATOR_VERSION, _headers_text(), " ".join(cmd),
+                                     _compiler_version(compiler())]).encode()).hexdigest()[:24]
+    folder = cache_dir() / f"pch-{key}"
+    header = folder / COMPAT_HEADER
+    if (folder / (COMPAT_HEADER + ".gch")).exists():
+        return str(header)
+    if key in _pch_failed:
+        return None
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="pch-build-", dir=cache_dir()))
+    try:
+        shutil.copyfile(INCLUDE_DIR / COMPAT_HEADER, tmp / COMPAT_HEADER)
+        res = subprocess.run([compiler(), *cmd, "-x", "c++-header", str(tmp / COMPAT_HEADER),
+                              "-o", str(tmp / (COMPAT_HEADER + ".gch"))], capture_output=True, text=True)
+        if res.returncode != 0:
+            _pch_failed.add(key)
+            return None
+        try:
+            os.rename(tmp, folder)  # atomic; another process may have won the race
+        except OSError:
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(header) if (folder / (COMPAT_HEADER + ".gch")).exists() else None
 
 
 # ------------------------------------------------------------------ argument types
