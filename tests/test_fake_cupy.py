@@ -478,7 +478,7 @@ def test_a_pool_limit_the_model_does_not_fit_in(corpus, tmp_path, gpu, capsys, m
 
 def test_an_operand_that_opts_out_of_ufuncs_gets_the_reflected_operator(gpu):
     """CuPy defers `device_array - tensor` to Tensor.__rsub__ (the Tensor sets __array_ufunc__ =
-    None); the stand-in used to refuse it (what T20's KL term does on a GPU)."""
+    None); the stand-in used to refuse it (what T21's KL term does on a GPU)."""
     from xtrain_lessons.autograd.tensor import Tensor  # noqa: PLC0415
 
     t = Tensor(gpu.asarray(np.float32([1.0, 2.0])), requires_grad=True)

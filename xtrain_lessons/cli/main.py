@@ -31,6 +31,7 @@ SUBCOMMANDS: list[tuple[str, str]] = [
     ("launch", "xtrain_lessons.cli.launch"),
     ("eval", "xtrain_lessons.cli.eval"),
     ("study", "xtrain_lessons.cli.study"),
+    ("sft", "xtrain_lessons.cli.sft"),
     ("grpo", "xtrain_lessons.cli.grpo"),
 ]
 # Commands that report on the device rather than run on it: `--device cuda` is not refused there.

@@ -1,4 +1,4 @@
-"""The phase table of the course: one row per phase (T00 … T20) with what it builds, the package
+"""The phase table of the course: one row per phase (T00 … T21) with what it builds, the package
 modules and tests it owns, whether a learner may skip it, and what the reference engine measured.
 
 Everything that lists the phases is generated from this table:
@@ -167,10 +167,21 @@ TABLE: list[Phase] = [
           ["measure/evaluate.py", "measure/study.py", "measure/scaling_law.py", "measure/study_plots.py",
            "cli/eval.py", "cli/study.py"], ["test_eval.py", "test_study.py", "test_mutants_T19.py"],
           reference="the v0–v10 study: data saturates; more data, then capacity, help most together"),
-    Phase("T20", "grpo", "Post-training with GRPO",
-          "REINFORCE, group-relative advantages, the clipped surrogate with a KL term, a reward that rises",
-          ["training/grpo.py", "training/rewards.py", "training/post_train.py", "cli/grpo.py",
-           "measure/grpo_bench.py"], ["test_grpo.py", "test_mutants_T20.py"], needs=("T10",),
+    Phase("T20", "sft", "Supervised fine-tuning",
+          "prompt + response batches with a response mask, the masked NLL over a constant, gradient "
+          "accumulation, an arithmetic task with an answer parser; held-out accuracy that rises",
+          ["training/posttrain/batch.py", "training/posttrain/logprobs.py", "training/posttrain/aggregate.py",
+           "training/posttrain/sft.py", "training/posttrain/sft_run.py", "training/posttrain/arith.py",
+           "training/posttrain/arith_base.py", "training/posttrain/answers.py", "training/posttrain/accuracy.py",
+           "training/posttrain/pairs.py", "training/posttrain/run_files.py", "cli/sft.py"],
+          ["test_sft.py", "test_posttrain_losses.py"], needs=("T10",),
+          reference="pretrain → SFT → RL, as the standard pipeline runs it"),
+    Phase("T21", "grpo", "Post-training with GRPO",
+          "REINFORCE, group-normalised advantages, the policy-gradient family, the clipped surrogate with "
+          "a KL term, the aggregation choices, a held-out accuracy that GRPO raises",
+          ["training/posttrain/grpo.py", "training/posttrain/rollouts.py", "training/posttrain/rewards.py",
+           "training/posttrain/post_train.py", "training/posttrain/advantages.py", "training/posttrain/pg_loss.py",
+           "cli/grpo.py", "measure/grpo_bench.py"], ["test_grpo.py", "test_mutants_T21.py"], needs=("T20",),
           reference="batched clipped-PG loss == looped to 1.5e-8"),
 ]
 
