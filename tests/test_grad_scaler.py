@@ -203,7 +203,7 @@ def test_update_scale_check_fails_the_mutants(capsys):
 
     for wrong in UPDATE_SCALE_MUTANTS:
         assert check_fn("T12.3", wrong, reference=update_scale_reference, cases=UPDATE_CASES) \
-            is update_scale_reference, wrong.__name__
+            is not wrong, wrong.__name__  # the reference (wrapped as a fallback) is handed on
         assert "fail" in capsys.readouterr().out
 
 

@@ -28,6 +28,12 @@ MUTANTS = {
     "T03.2": {
         "no k < K bounds guard on the tile loads": _TILED.replace(" && k0 + tx < K", "").replace("k0 + ty < K && ", ""),
         "no k < K guard on the A tile only": _TILED.replace(" && k0 + tx < K", ""),
+        # issue 37: loads that guard only K read past the last row of A / the last column of B;
+        # the result is right, only the sanitizer the check runs (and a GPU's memory) sees them
+        "no row < M guard on the A tile": (_TILED.replace("(row < M && k0 + tx < K)", "(k0 + tx < K)"),
+                                           "out-of-bounds global read of A"),
+        "no col < N guard on the B tile": (_TILED.replace("(k0 + ty < K && col < N)", "(k0 + ty < K)"),
+                                           "out-of-bounds global read of B"),
         "first barrier missing": _TILED.replace("__syncthreads();", "", 1),
         "second barrier missing": _TILED.rsplit("__syncthreads();", 1)[0],
         "row and column swapped in the inner product (As[k][ty] * Bs[tx][k])":

@@ -126,6 +126,21 @@ MUTANTS = {
             return order
         """,
         "no 'seen' set (shared tensors appear twice)": _TOPO.replace("    if id(t) in seen:\n        continue\n", ""),
+        # issue 37: marks parents as seen when it pushes them, from a list built before marking:
+        # x twice for (x * x).sum(), and in a diamond an op before its parent
+        "parents marked seen when pushed (x twice for x * x, an op before its parent)": ("""
+            order, seen, stack = [], {id(root)}, [root]
+            while stack:
+                t = stack[-1]
+                todo = [p for p in t._parents if p.requires_grad and id(p) not in seen]
+                if todo:
+                    for p in todo:
+                        seen.add(id(p))
+                    stack.extend(todo)
+                else:
+                    order.append(stack.pop())
+            return order
+        """, "one op uses x twice"),
         "appended on first visit (children before parents)": """
             order, seen, stack = [], set(), [root]
             while stack:
@@ -144,6 +159,26 @@ MUTANTS = {
         "walks parents before children (order not reversed)": _BACKWARD.replace(
             "reversed(topological_order(root))", "topological_order(root)").replace(
             "g = grads.pop(id(t))", "g = grads.pop(id(t), np.zeros_like(t.data))"),
+        # breadth-first from the loss: a tensor may pass its gradient on before every use has sent its part
+        "breadth-first from the loss instead of the reversed order": ("""
+            grads, leaves, queue, queued = {id(root): np.ones_like(root.data)}, {}, [root], {id(root)}
+            while queue:
+                t = queue.pop(0)
+                g = grads.pop(id(t))
+                if t._backward is None:
+                    leaves[id(t)] = g
+                    continue
+                for p, gp in zip(t._parents, t._backward(g)):
+                    if gp is None or not p.requires_grad:
+                        continue
+                    if t._unbroadcast:
+                        gp = unbroadcast(gp, p.shape)
+                    grads[id(p)] = grads[id(p)] + gp if id(p) in grads else gp
+                    if id(p) not in queued:
+                        queued.add(id(p))
+                        queue.append(p)
+            return leaves
+        """, "d loss / d x"),
         "the child's gradient passed on unchanged (no local backward)": _BACKWARD.replace(
             "zip(t._parents, t._backward(g))", "((p, g) for p in t._parents)").replace(
             "    if t._unbroadcast:\n", "    if True:\n"),
@@ -215,6 +250,6 @@ MUTANTS = {
     "T04.8": {
         "one-sided difference": _NUMGRAD.replace("x[i] = old - eps\n    f_minus = f(x)", "x[i] = old\n    f_minus = f(x)").replace("(2 * eps)", "eps"),
         "central difference without the 2": _NUMGRAD.replace("(2 * eps)", "eps"),
-        "x not restored after each element": _NUMGRAD.replace("    x[i] = old\n    grad", "    grad"),
+        "x not restored after each element": (_NUMGRAD.replace("    x[i] = old\n    grad", "    grad"), "put each element back"),
     },
 }

@@ -79,6 +79,15 @@ MUTANTS = {
             rotated = np.stack([-x[..., 1::2], x[..., 0::2]], axis=-1).reshape(x.shape)
             return x * cos + rotated * sin
         """.replace("            ", ""),
+        # issue 37: float32 angles pass at positions up to ~100 and are off by 2e-3 at 30,000
+        "angles computed in float32": (_ROPE_TABLES.replace("dtype=np.float64", "dtype=np.float32") + """
+            rotated = np.concatenate([-x[..., D // 2:], x[..., :D // 2]], axis=-1)
+            return x * cos + rotated * sin
+        """.replace("            ", ""), "float64"),
+        "tables left in float64 (a float64 result)": (_ROPE_TABLES.replace(".astype(x.dtype)", "") + """
+            rotated = np.concatenate([-x[..., D // 2:], x[..., :D // 2]], axis=-1)
+            return x * cos + rotated * sin
+        """.replace("            ", ""), "dtype float64"),
         "frequencies over D/2 instead of D": _ROPE_TABLES.replace("/ D)", "/ (D // 2))") + """
             rotated = np.concatenate([-x[..., D // 2:], x[..., :D // 2]], axis=-1)
             return x * cos + rotated * sin
@@ -157,11 +166,13 @@ MUTANTS = {
         "scale as a NumPy float64 (float64 result)": (_ONE_HEAD.replace("* D ** -0.5", "/ np.sqrt(D)"), "float64"),
     },
     "T05.5": {
+        # the hint about reshape sits on the first case with several heads, which this mistake reaches
         "heads by reshape, not transpose (positions and heads mixed)": (_HEADS.replace(
-            "(a.transpose(0, 2, 1, 3) for a in (q, k, v))", "(a.reshape(B, H, T, D) for a in (q, k, v))")),
-        "output reshaped back instead of transposed": _HEADS.replace(
+            "(a.transpose(0, 2, 1, 3) for a in (q, k, v))", "(a.reshape(B, H, T, D) for a in (q, k, v))"),
+            "a reshape gives the right shape"),
+        "output reshaped back instead of transposed": (_HEADS.replace(
             ".transpose(0, 2, 1, 3)\n", ".reshape(B, T, H, D)\n").replace(
-            "(a.reshape(B, T, H, D) for a", "(a.transpose(0, 2, 1, 3) for a"),
+            "(a.reshape(B, T, H, D) for a", "(a.transpose(0, 2, 1, 3) for a"), "a reshape gives the right shape"),
         "causal mask forgotten": _HEADS.replace(
             "s = np.where(np.triu(np.ones((T, T), dtype=bool), k=1), -np.inf, s)\n", ""),
         "scale 1/D instead of 1/sqrt(D)": _HEADS.replace("D ** -0.5", "(1.0 / D)"),

@@ -68,6 +68,16 @@ MUTANTS = {
             "theta = theta * (1 - lr * weight_decay)\n", "grad = grad + weight_decay * theta\n"),
         "eps inside the square root": _ADAMW.replace("(np.sqrt(v_hat) + eps)", "np.sqrt(v_hat + eps)"),
         "weight decay without the learning rate": _ADAMW.replace("(1 - lr * weight_decay)", "(1 - weight_decay)"),
+        # issue 37: the text asks for new arrays; updating the caller's in place must fail
+        "theta, m and v updated in place": ("""
+            theta *= 1 - lr * weight_decay
+            m *= b1
+            m += (1 - b1) * grad
+            v *= b2
+            v += (1 - b2) * grad * grad
+            theta -= lr * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps)
+            return theta, m, v
+        """, "in place"),
     },
     "T06.3": {
         "warmup off by one ((t + 1) / warmup)": _LR.replace("max_lr * t / warmup", "max_lr * (t + 1) / warmup"),
@@ -91,6 +101,11 @@ MUTANTS = {
                     p.grad *= p.grad.dtype.type(max_norm / (n + eps))
             return math.sqrt(sum(n * n for n in norms))
         """,
+        # issue 37: the text asks for a float64 sum; in float32 the squares of a spike overflow
+        "squares summed in float32": (_CLIP.replace("g.astype(np.float64) ** 2", "g * g"), "float64"),
+        "np.linalg.norm of each float32 gradient": (_CLIP.replace(
+            "math.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in grads))",
+            "math.sqrt(sum(float(np.linalg.norm(g)) ** 2 for g in grads))"), "float64"),
         "sum of squares without the square root": _CLIP.replace("norm = math.sqrt(", "norm = float(").replace(
             "for g in grads))", "for g in grads))"),
     },

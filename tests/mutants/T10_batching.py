@@ -50,6 +50,12 @@ MUTANTS = {
             targets[pad] = -100
             return targets
         """,
+        # issue 37: the text asks for a copy; masking the caller's targets in place must fail
+        "the caller's targets masked in place": ("""
+            pad = np.arange(targets.shape[1])[None, :] >= np.asarray(lengths)[:, None]
+            targets[pad] = ignore_index
+            return targets
+        """, "in place"),
         "the real tokens masked instead of the padding": """
             targets = np.array(targets, dtype=np.int64, copy=True)
             pad = np.arange(targets.shape[1])[None, :] < np.asarray(lengths)[:, None]
@@ -86,6 +92,15 @@ MUTANTS["T10.2"] = {
     "the last L_b rows (as if left-padded)": _FWD.replace("logits[b, :n]", "logits[b, logits.shape[1] - n:]"),
     "the padded rows returned whole": _FWD.replace("logits[b, :n]", "logits[b]"),
     "one row short (L_b - 1)": _FWD.replace("logits[b, :n]", "logits[b, :max(n - 1, 1)]"),
+    # issue 37: a forward that records a graph, and Tensors where arrays are asked for
+    "forward without no_grad (a graph recorded)": (_FWD.replace("with no_grad():\n    logits", "if True:\n    logits"),
+                                                   "no_grad"),
+    "Tensors returned instead of arrays": ("""
+        ids, lengths = pad_batch(seqs, pad_id)
+        with no_grad():
+            logits = model(ids)
+        return [logits[b, :n] for b, n in enumerate(lengths)]
+    """, "Tensor"),
 }
 MUTANTS["T10.4"] = {
     "causal mask only (pad keys visible)": (_MASK.replace(

@@ -49,6 +49,8 @@ _T12_1 = {
         "nan = ", "top = ((rounded & np.uint32(0x7FFF)) == np.uint32(0x7F80)) & ((u & np.uint32(0x7FFFFFFF)) < np.uint32(0x7F800000))\n"
                   "rounded = np.where(top, rounded - np.uint32(1), rounded)\nnan = "), "3.39e38"),
     "carry out of the mantissa dropped": (_CARRY_DROPPED, "all ones"),
+    # issue 37: the right bits in a uint32 array (the integer width is part of the answer)
+    "bits returned as uint32": (_ROUND.replace(".astype(np.uint16)", ".astype(np.uint32)"), "dtype uint32 ≠ expected uint16"),
 }
 
 # ---------------------------------------------------------------- T12.2 RMSNorm under the policy

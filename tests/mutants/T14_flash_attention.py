@@ -73,6 +73,9 @@ MUTANTS = {
     },
     "T14.2": {
         "causal mask forgotten": _FWD.replace("        s = np.where(future, -np.inf, s)\n", ""),
+        # issue 37: the text says to skip the key tiles above the diagonal ("that halves the work")
+        "fully masked key tiles computed too": (_FWD.replace("for j0 in range(0, i1, block_k):",
+                                                             "for j0 in range(0, T, block_k):"), "masked"),
         "accumulator not rescaled (alpha forgotten)": _FWD.replace("alpha[..., None] * acc + ", "acc + "),
         "no 1/sqrt(D) scale": _FWD.replace(".swapaxes(1, 2) * scale", ".swapaxes(1, 2)"),
         "L without the log of the sum": _FWD.replace("L[:, i0:i1] = m + np.log(l)", "L[:, i0:i1] = m"),
@@ -90,6 +93,8 @@ MUTANTS = {
         "dk forgets the scale (scale applied twice to dq)": (_BWD.replace(
             "dk[:, j0:j1] += ds.swapaxes(1, 2) @ q[:, i0:i1]", "dk[:, j0:j1] += ds.swapaxes(1, 2) @ q[:, i0:i1] / scale"), "dk"),
         "D_i term left out (ds = p * dp)": _BWD.replace(" - Dr[:, i0:i1, None]", ""),
+        "every query tile for every key tile (hidden pairs computed)": (_BWD.replace(
+            "for i0 in range((j0 // block_q) * block_q, T, block_q):", "for i0 in range(0, T, block_q):"), "no query sees"),
         "causal mask forgotten in the recomputed P": _BWD.replace(
             "np.where(future, -np.inf, s)", "s"),
         "dv from p without the transpose": (_BWD.replace(

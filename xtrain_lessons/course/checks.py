@@ -5,10 +5,17 @@ Every exercise in a notebook is followed by a check cell. A check prints one lin
     ✅ T05.2 rmsnorm: pass (3 cases)
     ⏳ T05.2 rmsnorm: not yet — the exercise is not written yet
        using the reference version so the rest of the notebook can run
-    ❌ T05.2 rmsnorm: fail — case 2: max |Δ| = 0.31 at index (1, 4) (got 0.52, expected 0.83)
+    ❌ T05.2 rmsnorm: fail — case 2 (x near 0): max |Δ| = 0.31 at index (1, 4) (got 0.52, expected 0.83)
+
+✅ means the learner's own code passed. A check that passed on the reference version of an
+earlier exercise (returned by its check because the learner's did not pass) says ⏳ not yet, and
+a check of the notebook's or the package's own code (`yours=False`) prints ✔ instead of ✅.
 
 `check_fn` compares a learner's function with a reference on a list of cases and returns
-the function later cells should use: the learner's when it passes, the reference otherwise.
+the function later cells should use: the learner's when it passes, the reference otherwise
+(wrapped by `fallback`, so that a later check knows it ran on a reference). It also fails a
+function that changed its inputs in place, and reports a crash with the case, the arguments'
+shapes and the learner's line that raised.
 `check` runs any zero-argument test (plain asserts, `assert_close`, `require_solved`).
 `check_composed` runs a test built from several exercises' functions and names the one that
 differs; `widest_reduction` tells whether a function reduced more values at once than a chunk.
@@ -24,17 +31,22 @@ claim is never stored as a printed `False`:
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import re
 import warnings
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from xtrain_lessons.course.array_watch import product_entries, widest_reduction  # noqa: F401 (notebooks import them here)
+from xtrain_lessons.course.failures import arguments, fp_advice, is_tensor as _is_tensor, restore, snapshot, where
 from xtrain_lessons.runtime import device
 from xtrain_lessons.runtime.cuda import SANITIZER_HINT, KernelError
 
 PASS, NOT_YET, FAIL = "pass", "not yet", "fail"
 _ICONS = {PASS: "✅", NOT_YET: "⏳", FAIL: "❌"}
+NOT_YOURS = "✔"  # the mark of a passed check of code the learner did not write
 
 # The stub `xtrain notebooks build` writes into CUDA C source (see notebooks.py).
 CUDA_STUB_PATTERN = re.compile(r"/\* EXERCISE (\S+) ([^:]*): your code here")
@@ -64,8 +76,8 @@ SANITIZER_REPORT_HINT = ("the sanitizer stopped your kernel at its first bad acc
                          "and put a __syncthreads() between writing shared memory and reading it")
 
 
-def _report(name: str, status: str, detail: str = "") -> None:
-    line = f"{_ICONS[status]} {name}: {status}"
+def _report(name: str, status: str, detail: str = "", icon: str | None = None) -> None:
+    line = f"{icon or _ICONS[status]} {name}: {status}"
     if detail:
         line += f" — {detail}" if status != PASS else f" ({detail})"
     print(line)
@@ -85,7 +97,7 @@ def default_tolerance(dtype: Any) -> tuple[float, float]:
 def _as_array(x: Any) -> np.ndarray:
     if isinstance(x, np.ndarray):  # (hasattr(bf16_array, "data") raises: no buffer for dtype 'E')
         return x
-    if hasattr(x, "data") and hasattr(x, "grad"):
+    if _is_tensor(x):
         x = x.data  # an autograd Tensor
     if hasattr(x, "get") and not isinstance(x, np.ndarray):
         x = x.get()  # a CuPy array
@@ -98,7 +110,9 @@ def assert_close(actual: Any, expected: Any, atol: float | None = None,
     """Assert two arrays (or nested tuples of arrays) agree; the error names the first mismatch.
 
     `names` labels the items of a tuple result ("dq", "dk", "dv") instead of output[0], output[1].
-    A floating-point result must have the expected floating dtype (float64 is not float32).
+    A result must have the expected dtype: float64 is not float32, and an integer array's width
+    and sign count (uint32 is not uint16); only a plain Python number expected leaves the width
+    open. An autograd Tensor where an array is expected is a mismatch too.
     """
     if isinstance(expected, (tuple, list)) and not np.isscalar(expected) and \
             not isinstance(expected, np.ndarray):
@@ -110,18 +124,37 @@ def assert_close(actual: Any, expected: Any, atol: float | None = None,
         return
     if actual is None:
         raise Mismatch(f"{what}: got None (did the function return its result?)")
+    if _is_tensor(actual) and not _is_tensor(expected):
+        raise Mismatch(f"{what}: got an autograd Tensor where an array is expected (return its .data)")
     a, e = _as_array(actual), _as_array(expected)
     if a.shape != e.shape:
         raise Mismatch(f"{what}: shape {a.shape} ≠ expected {e.shape}")
+    _check_dtype(a, e, expected, what)
     d_atol, d_rtol = default_tolerance(e.dtype if e.dtype.kind == "f" else a.dtype)
     atol = d_atol if atol is None else atol
     rtol = d_rtol if rtol is None else rtol
-    if (e.dtype.kind in "iub" and a.dtype.kind not in "iub") or \
-            (e.dtype.kind == "f" and a.dtype.kind == "f" and a.dtype != e.dtype):  # token ids as floats, float64 for float32
-        raise Mismatch(f"{what}: dtype {a.dtype} ≠ expected {e.dtype}")
-    a64, e64 = a.astype(np.float64), e.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf in a wrong result is reported, not warned
-        _report_mismatch(a64, e64, atol, rtol, what)
+        _report_mismatch(a.astype(np.float64), e.astype(np.float64), atol, rtol, what)
+
+
+def _check_dtype(a: np.ndarray, e: np.ndarray, expected: Any, what: str) -> None:
+    """Token ids as floats, float64 for float32, uint32 bits for uint16 ones: a Mismatch."""
+    python_number = isinstance(expected, (bool, int, float)) and not isinstance(expected, np.generic)
+    if e.dtype.kind in "iub":
+        wrong = a.dtype.kind not in "iub" or (not python_number and a.dtype != e.dtype)
+    else:
+        wrong = e.dtype.kind == "f" and a.dtype.kind == "f" and a.dtype != e.dtype
+    if wrong:
+        raise Mismatch(f"{what}: dtype {a.dtype} ≠ expected {e.dtype}")
+
+
+def _distinct(a: float, e: float) -> tuple[str, str]:
+    """a and e printed with the fewest significant digits (at least 6) that tell them apart."""
+    for digits in range(6, 18):
+        ga, ge = f"{a:.{digits}g}", f"{e:.{digits}g}"
+        if ga != ge:
+            break
+    return ga, ge
 
 
 def _report_mismatch(a64: np.ndarray, e64: np.ndarray, atol: float, rtol: float, what: str) -> None:
@@ -131,9 +164,10 @@ def _report_mismatch(a64: np.ndarray, e64: np.ndarray, atol: float, rtol: float,
         err = np.where(np.isnan(err), np.inf, err)
         idx = np.unravel_index(int(np.argmax(err)), a64.shape) if a64.ndim else ()
         where = f" at index {tuple(int(i) for i in idx)}" if a64.ndim else ""
+        got, want = _distinct(float(a64[idx]), float(e64[idx]))
         raise Mismatch(
             f"{what}: {int(bad.sum())} of {bad.size} values differ; max |Δ| = "
-            f"{float(err[idx]):.3g}{where} (got {a64[idx]:.6g}, expected {e64[idx]:.6g}; "
+            f"{float(err[idx]):.3g}{where} (got {got}, expected {want}; "
             f"atol {atol:.1g}, rtol {rtol:.1g})"
         )
 
@@ -200,11 +234,22 @@ def require_solved(source: str) -> None:
         raise NotYet(f"{m.group(1)} {m.group(2)} is still a stub")
 
 
-def check(name: str, test: Callable[[], Any]) -> bool:
-    """Run a zero-argument test and print pass / not yet / fail. Returns True on pass."""
+def check(name: str, test: Callable[[], Any], yours: bool = True) -> bool:
+    """Run a zero-argument test and print pass / not yet / fail. Returns True on a ✅ pass.
+
+    A test that passed but called the reference version of an earlier exercise (see `fallback`)
+    says ⏳ not yet, naming it. `yours=False` marks a check of code the learner did not write
+    (the package's kernels, a worked solution): it passes with ✔, never ✅.
+    """
+    return _run_check(name, test, yours)[0] == PASS
+
+
+def _run_check(name: str, test: Callable[[], Any], yours: bool = True) -> tuple[str, bool]:
+    """(status printed, whether the test itself passed) of `check`."""
     global _in_kernel_test, _checking
     _in_kernel_test, _checking = False, True
     _poisoned.clear()
+    _references_used.clear()
     try:
         try:
             detail = test()
@@ -215,22 +260,85 @@ def check(name: str, test: Callable[[], Any]) -> bool:
     except (NotImplementedError, NotYet) as exc:
         hint = str(exc) if isinstance(exc, NotYet) else ""
         _report(name, NOT_YET, hint or "the exercise is not written yet")
-        return False
+        return NOT_YET, False
     except AssertionError as exc:
         hint = f"\n   {KERNEL_HINT}" if _in_kernel_test else ""
         _report(name, FAIL, (str(exc) or "an assertion failed") + hint)
-        return False
+        return FAIL, False
     except FloatingPointError as exc:
-        _report(name, FAIL, f"{exc} — the text asks for a formula that cannot overflow")
-        return False
-    except KernelError as exc:  # the sanitizer's report (or a deadlock, a barrier divergence)
-        _report(name, FAIL, f"{exc}\n   {SANITIZER_REPORT_HINT}")
-        return False
+        _report(name, FAIL, f"{exc}{where(exc)} — {fp_advice(exc)}")
+        return FAIL, False
+    except KernelError as exc:  # the sanitizer's report, a deadlock, a barrier divergence
+        sanitizer = any(w in str(exc) for w in ("out-of-bounds", "never written", "race"))
+        _report(name, FAIL, f"{exc}" + (f"\n   {SANITIZER_REPORT_HINT}" if sanitizer else ""))
+        return FAIL, False
     except Exception as exc:  # the learner's code crashed: say where, keep going
-        _report(name, FAIL, f"{type(exc).__name__}: {exc}")
-        return False
-    _report(name, PASS, detail if isinstance(detail, str) else "")
-    return True
+        _report(name, FAIL, f"{type(exc).__name__}: {exc}{where(exc)}")
+        return FAIL, False
+    detail = detail if isinstance(detail, str) else ""
+    if not yours:
+        _report(name, PASS, detail, icon=NOT_YOURS)
+        return PASS, True
+    if _references_used:
+        used = ", ".join(sorted(_references_used))
+        _report(name, NOT_YET, f"it ran on the reference {used}, as yours has not passed above")
+        return NOT_YET, True
+    _report(name, PASS, detail)
+    return PASS, True
+
+
+# --- the references checks hand on -------------------------------------------------------------
+_references_used: set[str] = set()  # fallbacks called during the check running now
+_quiet = [0]  # > 0 while check_fn calls its own reference: not a use of a fallback
+
+
+def _note_reference(name: str) -> None:
+    if not _quiet[0]:
+        _references_used.add(name)
+
+
+class _StandIn:
+    """A reference object with attributes (a compiled kernel ...) standing in for the learner's."""
+
+    def __init__(self, obj: Any, name: str):
+        self._obj, self._name, self.__xtrain_reference__ = obj, name, (obj, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        _note_reference(self._name)
+        return self._obj(*args, **kwargs)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._obj, attr)
+
+    def __repr__(self) -> str:
+        return repr(self._obj)
+
+
+def _unwrap(fn: Any) -> Any:
+    """The reference behind a `fallback`, or fn itself."""
+    return getattr(fn, "__xtrain_reference__", (fn,))[0]
+
+
+def fallback(reference: Any, name: str) -> Any:
+    """`reference` standing in for the learner's unsolved exercise `name` ("T05.3 softmax_rows"):
+    it computes what the reference computes, and a later check whose test calls it says ⏳ not
+    yet, naming it, instead of ✅. `check_fn` returns this when the learner's function did not
+    pass; a notebook that hands on a reference itself wraps it the same way:
+
+        vadd = my_vector_add if ok else fallback(load_kernel("vector_add.cu", "vector_add"), "T01.1 vector_add")
+    """
+    reference = _unwrap(reference)
+    if isinstance(reference, type) or not callable(reference):
+        return reference
+    if not (inspect.isroutine(reference) or isinstance(reference, functools.partial)):
+        return _StandIn(reference, name)
+
+    @functools.wraps(reference)
+    def stand_in(*args: Any, **kwargs: Any) -> Any:
+        _note_reference(name)
+        return reference(*args, **kwargs)
+    stand_in.__xtrain_reference__ = (reference, name)
+    return stand_in
 
 
 @contextlib.contextmanager
@@ -269,41 +377,61 @@ def _case_parts(case: Any, i: int) -> tuple[tuple, dict, str, str]:
 
 def check_fn(name: str, fn: Callable, reference: Callable, cases: Iterable[Any],
              atol: float | None = None, rtol: float | None = None,
-             names: Sequence[str] | None = None, strict: bool = False) -> Callable:
+             names: Sequence[str] | None = None, strict: bool = False, yours: bool = True,
+             in_place: Sequence[str] = ()) -> Callable:
     """Compare `fn` with `reference` on each case; return the function later cells should use.
 
-    A case is a tuple of positional arguments, a dict of keyword arguments, or a `Case` (named,
-    with a hint printed when it fails). `names` labels the items of a tuple result; `strict`
-    runs `fn` with NumPy's floating-point warnings as errors, for exercises whose text asks for
-    a formula that never overflows.
+    A case is a `Case` (named, with a hint printed when it fails), or a tuple of positional
+    arguments or a dict of keyword arguments. `names` labels the items of a tuple result;
+    `strict` runs `fn` with NumPy's floating-point warnings as errors, for exercises whose text
+    asks for a formula that never overflows. Every array `fn` receives must come back unchanged
+    (a function that updates its input in place fails), except the parameters named in
+    `in_place`. `yours=False`: `fn` is not the learner's (a pass prints ✔).
     """
     cases = list(cases)
 
     def test() -> str:
         for i, case in enumerate(cases, start=1):
-            args, kwargs, which, hint = _case_parts(case, i)
-            hint = f" — {hint}" if hint else ""
-            expected = reference(*args, **kwargs)
-            try:
-                with _floating_point_errors(strict):
-                    got = fn(*args, **kwargs)
-            except (NotImplementedError, NotYet):
-                raise
-            except (FloatingPointError, RuntimeWarning) as exc:
-                raise AssertionError(f"{which}: {exc} — the text asks for a formula that "
-                                     "cannot overflow (NumPy warnings are errors here)" + hint) from exc
-            except Exception as exc:
-                raise AssertionError(f"{which}: {type(exc).__name__}: {exc}{hint}") from exc
-            try:
-                assert_close(got, expected, atol, rtol, names=names)
-            except Mismatch as exc:
-                raise Mismatch(f"{which}: {exc}{hint}") from None
+            _one_case(fn, reference, case, i, strict, in_place, atol, rtol, names)
         return f"{len(cases)} case{'s' if len(cases) != 1 else ''}"
 
-    if check(name, test):
+    status, passed = _run_check(name, test, yours)
+    if passed:
         return fn
     print("   using the reference version so the rest of the notebook can run")
-    return reference
+    return fallback(reference, name)
+
+
+def _one_case(fn, reference, case, i, strict, in_place, atol, rtol, names) -> None:
+    """Run fn and the reference on one case of check_fn; raise AssertionError on a difference."""
+    args, kwargs, which, hint = _case_parts(case, i)
+    hint = f" — {hint}" if hint else ""
+    saved = [s for s in snapshot(fn, args, kwargs) if s[0].split(".")[0].split("[")[0] not in in_place]
+    _quiet[0] += 1
+    try:
+        expected = reference(*args, **kwargs)
+    finally:
+        _quiet[0] -= 1
+        restore(saved)
+    try:
+        with _floating_point_errors(strict):
+            got = fn(*args, **kwargs)
+    except (NotImplementedError, NotYet):
+        raise
+    except (FloatingPointError, RuntimeWarning) as exc:
+        raise AssertionError(f"{which}: {exc}{where(exc)} — {fp_advice(exc)}{hint}") from exc
+    except Exception as exc:
+        raise AssertionError(f"{which}: {type(exc).__name__}: {exc}{where(exc)}; arguments "
+                             f"{arguments(fn, args, kwargs)}{hint}") from exc
+    changed = restore(saved)
+    if changed:
+        raise AssertionError(f"{which}: your function changed its input {', '.join(changed)} in place; "
+                             "the text asks for a new result and the inputs left as they were "
+                             f"(work on a copy){hint}")
+    try:
+        assert_close(got, expected, atol, rtol, names=names)
+    except Mismatch as exc:
+        raise Mismatch(f"{which}: {exc}{hint}") from None
 
 
 def check_composed(name: str, test: Callable[[], Any], references: dict[str, Callable],
@@ -314,7 +442,7 @@ def check_composed(name: str, test: Callable[[], Any], references: dict[str, Cal
     reference the result says "not yet"; on a failure each of your pieces is tried alone among
     the references, and the first that makes the test fail is named.
     """
-    yours = [k for k, ref in references.items() if namespace.get(k) is not ref]
+    yours = [k for k, ref in references.items() if _unwrap(namespace.get(k)) is not _unwrap(ref)]
     if not yours:
         _report(name, NOT_YET, "built from the reference pieces (no exercise above is solved yet)")
         return False
@@ -338,38 +466,9 @@ def check_composed(name: str, test: Callable[[], Any], references: dict[str, Cal
                 except AssertionError as alone:
                     raise AssertionError(f"your {k} differs: {alone}") from None
             raise AssertionError(f"your pieces together differ: {exc}") from None
-        ref_names = [k for k in references if k not in yours]
-        return f"yours: {', '.join(yours)}" + (f"; reference: {', '.join(ref_names)}" if ref_names else "")
+        for k in references:  # a piece that is not yours ran as its reference
+            if k not in yours:
+                _references_used.add(k)
+        return f"yours: {', '.join(yours)}"
 
     return check(name, composed)
-
-
-class _ReductionWatch(np.ndarray):
-    """An array that records the widest reduction over its last axis (see widest_reduction)."""
-
-    widest = [0]
-
-    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        plain = [np.asarray(x) if isinstance(x, _ReductionWatch) else x for x in inputs]
-        if "out" in kwargs:
-            kwargs["out"] = tuple(np.asarray(o) if isinstance(o, _ReductionWatch) else o
-                                  for o in kwargs["out"])
-        if method == "reduce":
-            a, axis = plain[0], kwargs.get("axis", 0)
-            axes = range(a.ndim) if axis is None else np.atleast_1d(axis)
-            if a.ndim and any(int(ax) % a.ndim == a.ndim - 1 for ax in axes):
-                self.widest[0] = max(self.widest[0], a.shape[-1])
-        result = getattr(ufunc, method)(*plain, **kwargs)
-        if isinstance(result, np.ndarray) and method != "reduce":
-            return result.view(_ReductionWatch)
-        return result
-
-
-def widest_reduction(fn: Callable, x: np.ndarray, *args: Any) -> int:
-    """Run fn(x, *args); return the most values of x's last axis any max / sum reduced at once.
-
-    A streamed (online) computation over chunks of c values reduces at most c at a time.
-    """
-    _ReductionWatch.widest[0] = 0
-    fn(np.asarray(x).view(_ReductionWatch), *args)
-    return _ReductionWatch.widest[0]

@@ -53,7 +53,8 @@ class Phase:
 TABLE: list[Phase] = [
     Phase("T00", "welcome", "Welcome: how the course works",
           "how exercises and checks work, CPU or GPU, `xtrain doctor`, this machine's matmul speed",
-          ["course/checks.py", "course/deps.py", "course/notebooks.py", "course/doctor.py", "course/phases.py",
+          ["course/checks.py", "course/failures.py", "course/array_watch.py", "course/deps.py",
+           "course/notebooks.py", "course/doctor.py", "course/phases.py",
            "cli/main.py", "cli/errors.py", "cli/notebooks.py", "cli/doctor.py"],
           ["test_course.py", "test_mutants.py", "test_notebook_pipeline.py", "test_notebook_outputs.py",
            "test_doctor.py", "test_cli.py", "test_packaging.py", "test_book.py", "test_book_references.py", "test_layers.py",
