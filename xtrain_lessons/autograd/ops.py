@@ -50,13 +50,11 @@ import operator
 import numpy as np
 
 from xtrain_lessons.autograd.tensor import Tensor, as_tensor, make_node
-from xtrain_lessons.runtime import gpu_blas
 from xtrain_lessons.runtime.allocator import empty as _empty  # np.empty, or the engine allocator's (T11)
 from xtrain_lessons.runtime.cpu_threads import get_threads, grid, map_rows
-from xtrain_lessons.runtime.cpu_threads import matmul as _rows_matmul
 from xtrain_lessons.runtime.cpu_threads import sum_blocks
 from xtrain_lessons.runtime.device import HostChecked, array_module, on_gpu, scatter_add
-from xtrain_lessons.runtime import fused
+from xtrain_lessons.runtime import fused, opset
 
 __all__ = [
     "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sqrt", "sigmoid", "silu",
@@ -343,32 +341,6 @@ def logsumexp(x, axis=-1, keepdims=False) -> Tensor:
 # matmul
 
 
-def _mm(x, y):
-    """x @ y on arrays, taking BLAS-friendly paths.
-
-    NumPy's stacked matmul falls off BLAS when a batch dimension is broadcast (a 3-D
-    activation times a 2-D weight: measured ~100x slower than one 2-D GEMM). So:
-    a 2-D right operand folds the batch into the rows, (B*M, K) @ (K, N); equal batch
-    dims use NumPy's batched matmul (BLAS per matrix); broadcast batch dims loop over
-    the batch writing into a preallocated output. CuPy (cuBLAS) takes x @ y directly.
-    """
-    if on_gpu(x):
-        return gpu_blas.matmul(x, y)
-    if y.ndim == 2:  # (..., M, K) @ (K, N): one GEMM of (prod(...) * M, K) @ (K, N)
-        return _rows_matmul(x.reshape(-1, x.shape[-1]), y).reshape(x.shape[:-1] + (y.shape[-1],))
-    if x.shape[:-2] == y.shape[:-2]:
-        if y.strides[-1] != y.itemsize:  # a transposed view on the right (k.swapaxes(-1, -2)):
-            y = np.ascontiguousarray(y)  # NumPy would loop without BLAS, ~3x slower than copying
-        return x @ y
-    batch = np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
-    xb = np.broadcast_to(x, batch + x.shape[-2:])  # views: no copy
-    yb = np.broadcast_to(y, batch + y.shape[-2:])
-    out = np.empty(batch + (x.shape[-2], y.shape[-1]), dtype=np.result_type(x, y))
-    for i in np.ndindex(*batch):
-        np.matmul(xb[i], yb[i], out=out[i])
-    return out
-
-
 def matmul(a, b) -> Tensor:
     """(..., M, K) @ (..., K, N) -> (..., M, N), batch dims broadcast.
 
@@ -391,20 +363,20 @@ def matmul(a, b) -> Tensor:
     except ValueError:
         raise ValueError(f"matmul: shapes {a.shape} and {b.shape} do not match: batch dimensions "
                          f"{a.shape[:-2]} and {b.shape[:-2]} cannot be broadcast") from None
-    out = _mm(a.data, b.data)
+    out = opset.matmul(a.data, b.data)
 
     def backward(g):  # g: (..., M, N)
         ga = gb = None
         if a.requires_grad:
-            ga = _mm(g, b.data.swapaxes(-1, -2))  # (..., M, K)
+            ga = opset.matmul(g, b.data.swapaxes(-1, -2))  # (..., M, K)
         if b.requires_grad:
             if b.ndim == 2:
                 # weight shared over the batch: one GEMM (K, B*M) @ (B*M, N) -> (K, N)
                 # instead of a batch of small ones followed by a sum
                 K, N = b.shape
-                gb = _rows_matmul(a.data.reshape(-1, K).T, g.reshape(-1, N))
+                gb = opset.matmul(a.data.reshape(-1, K).T, g.reshape(-1, N))
             else:
-                gb = _mm(a.data.swapaxes(-1, -2), g)  # (..., K, N), unbroadcast by the engine
+                gb = opset.matmul(a.data.swapaxes(-1, -2), g)  # (..., K, N), unbroadcast by the engine
         return ga, gb
 
     return make_node(out, (a, b), backward, "matmul", unbroadcast=True)
@@ -825,7 +797,7 @@ def scaled_dot_product_attention(q, k, v, causal=False, scale=None, mask=None) -
     Tq, Tk = q.shape[-2], k.shape[-2]
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    s = _mm(q.data, k.data.swapaxes(-1, -2))  # (..., Tq, Tk)
+    s = opset.matmul(q.data, k.data.swapaxes(-1, -2))  # (..., Tq, Tk)
     s *= s.dtype.type(scale)
     allowed = None
     if causal:
@@ -840,16 +812,16 @@ def scaled_dot_product_attention(q, k, v, causal=False, scale=None, mask=None) -
     xp.exp(s, out=s)
     s /= s.sum(axis=-1, keepdims=True)
     p = s  # (..., Tq, Tk)
-    out = _mm(p, v.data)  # (..., Tq, Dv)
+    out = opset.matmul(p, v.data)  # (..., Tq, Dv)
 
     def backward(g):  # g: (..., Tq, Dv)
-        gv = _mm(p.swapaxes(-1, -2), g) if v.requires_grad else None  # (..., Tk, Dv)
-        ds = _mm(g, v.data.swapaxes(-1, -2))  # dP (..., Tq, Tk)
+        gv = opset.matmul(p.swapaxes(-1, -2), g) if v.requires_grad else None  # (..., Tk, Dv)
+        ds = opset.matmul(g, v.data.swapaxes(-1, -2))  # dP (..., Tq, Tk)
         ds -= (ds * p).sum(axis=-1, keepdims=True)
         ds *= p
         ds *= ds.dtype.type(scale)
-        gq = _mm(ds, k.data) if q.requires_grad else None  # (..., Tq, D)
-        gk = _mm(ds.swapaxes(-1, -2), q.data) if k.requires_grad else None  # (..., Tk, D)
+        gq = opset.matmul(ds, k.data) if q.requires_grad else None  # (..., Tq, D)
+        gk = opset.matmul(ds.swapaxes(-1, -2), q.data) if k.requires_grad else None  # (..., Tk, D)
         return gq, gk, gv
 
     return make_node(out, (q, k, v), backward, "sdpa", unbroadcast=True)

@@ -24,10 +24,9 @@ import numpy as np
 
 from xtrain_lessons.runtime.allocator import empty
 from xtrain_lessons.runtime.cpu_threads import map_rows
-from xtrain_lessons.runtime import fused
+from xtrain_lessons.runtime import fused, opset
 from xtrain_lessons.runtime.device import array_module, on_gpu
 from xtrain_lessons.runtime.host import fused_rows
-from xtrain_lessons.runtime.gpu_blas import array_matmul
 
 __all__ = ["query_blocks", "causal_forward", "causal_backward", "keys_t"]
 
@@ -109,9 +108,9 @@ def causal_forward(q, k, v, block: int | None = None, numpy_path: bool = False):
         kt = keys_t(k[lo:hi])
         for (a, b, n_k), p in zip(blocks, probs):
             s = p[lo:hi]
-            array_matmul(_heads(q5, lo, hi, a, b), kt[..., :n_k], out=s)
+            opset.matmul(_heads(q5, lo, hi, a, b), kt[..., :n_k], out=s)
             _softmax(s, b - a, scale, use_kernels)
-            y = array_matmul(s, vh[lo:hi, :, :n_k])  # (n, Hkv, G*(b-a), D)
+            y = opset.matmul(s, vh[lo:hi, :, :n_k])  # (n, Hkv, G*(b-a), D)
             out5[lo:hi, a:b] = y.reshape(hi - lo, Hkv, G, b - a, D).transpose(0, 3, 1, 2, 4)
 
     map_rows(batch_rows, B, sum(p[0].nbytes for p in probs), like=q, blas=True)
@@ -141,16 +140,16 @@ def causal_backward(q, k, v, g, blocks, probs, numpy_path: bool = False):
         for i in order:
             (a, b, n_k), p = blocks[i], probs[i][lo:hi]
             gb, qb = _heads(g5, lo, hi, a, b), _heads(q5, lo, hi, a, b)
-            dv_part = array_matmul(p.swapaxes(-1, -2), gb)  # P^T dO: sums a group's query heads
-            ds = array_matmul(gb, vt[..., :n_k])  # dP, overwritten by dS
+            dv_part = opset.matmul(p.swapaxes(-1, -2), gb)  # P^T dO: sums a group's query heads
+            ds = opset.matmul(gb, vt[..., :n_k])  # dP, overwritten by dS
             _softmax_backward(p, ds, b - a, scale, use_kernels)
-            dk_part = array_matmul(ds.swapaxes(-1, -2), qb)
+            dk_part = opset.matmul(ds.swapaxes(-1, -2), qb)
             if dkh is None:
                 dkh, dvh = dk_part, dv_part
             else:
                 dkh[:, :, :n_k] += dk_part
                 dvh[:, :, :n_k] += dv_part
-            y = array_matmul(ds, kh[lo:hi, :, :n_k])
+            y = opset.matmul(ds, kh[lo:hi, :, :n_k])
             dq5[lo:hi, a:b] = y.reshape(n, Hkv, G, b - a, D).transpose(0, 3, 1, 2, 4)
         dk[lo:hi] = dkh.transpose(0, 2, 1, 3)
         dv[lo:hi] = dvh.transpose(0, 2, 1, 3)

@@ -31,9 +31,9 @@ from xtrain_lessons.model import causal_blocks
 from xtrain_lessons.runtime import blas, cpu_threads
 from xtrain_lessons.runtime.allocator import empty  # np.empty, or the engine allocator's (T11)
 from xtrain_lessons.runtime.cpu_threads import map_rows
-from xtrain_lessons.runtime import fused
+from xtrain_lessons.runtime import fused, opset
+from xtrain_lessons.runtime.opset.products import right_operand
 from xtrain_lessons.runtime.device import HostChecked, array_module, on_gpu
-from xtrain_lessons.runtime.gpu_blas import array_matmul
 
 __all__ = ["linear", "linear_cross_entropy", "rope", "causal_attention", "square_attention", "swiglu",
            "rope_tables", "rotate_half", "attention_fwd"]
@@ -43,17 +43,6 @@ __all__ = ["linear", "linear_cross_entropy", "rope", "causal_attention", "square
 # linear: y = x @ w.T
 
 
-def _weight_t(w):
-    """w.T (in, out) as the forward's right-hand matrix. MKL reads the transposed view as fast
-    as a copy (175-194 GFLOP/s either way on the tiny model's products, one thread), so it gets
-    the view; OpenBLAS multiplied by a C-contiguous copy faster (157-167 against 131-142), and
-    the copy costs less than that (0.01-0.5 ms a weight). cuBLAS reads the view as it is (a
-    transpose flag): a GPU gets the view, no copy."""
-    if on_gpu(w) or (isinstance(w, np.ndarray) and blas.mkl_loaded()):
-        return w.T
-    return np.ascontiguousarray(w.T)
-
-
 def linear(x: Tensor, w: Tensor) -> Tensor:
     """y = x @ w.T for x (..., in) and w (out, in) -> (..., out). No bias (Qwen3 has none)."""
     n_in = x.shape[-1]
@@ -61,16 +50,15 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
         raise ValueError(f"linear: input has {n_in} features but weight is {w.shape} (out, in)")
     lead = x.shape[:-1]
     x2 = x.data.reshape(-1, n_in)  # (N, in)
-    # split by rows over the engine's threads (plain `@` on a GPU)
-    y = cpu_threads.matmul(x2, _weight_t(w.data)).reshape(*lead, w.shape[0])  # (..., out)
+    y = opset.matmul(x2, w.data.T).reshape(*lead, w.shape[0])  # (..., out)
 
     def backward(g):
         g2 = g.reshape(-1, w.shape[0])  # (N, out)
         if x.requires_grad and w.requires_grad:  # both in one hand-over to the threads
-            gx, gw = cpu_threads.matmuls((g2, w.data), (g2.T, x2))
+            gx, gw = opset.matmuls((g2, w.data), (g2.T, x2))
             return gx.reshape(x.shape), gw
-        gx = cpu_threads.matmul(g2, w.data).reshape(x.shape) if x.requires_grad else None  # (..., in)
-        gw = cpu_threads.matmul(g2.T, x2) if w.requires_grad else None  # (out, in)
+        gx = opset.matmul(g2, w.data).reshape(x.shape) if x.requires_grad else None  # (..., in)
+        gw = opset.matmul(g2.T, x2) if w.requires_grad else None  # (out, in)
         return gx, gw
 
     return make_node(y, (x, w), backward, "linear")
@@ -101,7 +89,7 @@ def linear_cross_entropy(x: Tensor, w: Tensor, targets, ignore_index: int = -100
     rows = xp.arange(N)
     use_kernels = fused.usable(buf, s, lse)
 
-    wt = _weight_t(w.data)  # (in, V)
+    wt = right_operand(w.data.T)  # (in, V)
 
     def forward_chunk(lo, hi):
         blas.gemm(x2[lo:hi], wt, buf[lo:hi])  # MKL's sgemm or np.matmul (runtime/blas.py)
@@ -110,7 +98,7 @@ def linear_cross_entropy(x: Tensor, w: Tensor, targets, ignore_index: int = -100
             ops.softmax_rows(buf[a:b], buf[a:b], s[a:b], lse[a:b])
 
     if use_kernels:  # C++: the chunks' products on the pool, then one pass per row over all of them
-        cpu_threads.matmul(x2, wt, out=buf)
+        opset.matmul(x2, wt, out=buf)
         hit[:, 0] = buf[rows, t_safe]  # the target's logit
         ops.softmax_rows(buf, buf, s, lse)
     else:
@@ -131,11 +119,11 @@ def linear_cross_entropy(x: Tensor, w: Tensor, targets, ignore_index: int = -100
         b[rows, t_safe] -= scale
         gx = gw = None
         if x.requires_grad and w.requires_grad:
-            gx, gw = cpu_threads.matmuls((b, w.data), (b.T, x2))
+            gx, gw = opset.matmuls((b, w.data), (b.T, x2))
         elif x.requires_grad:
-            gx = cpu_threads.matmul(b, w.data)
+            gx = opset.matmul(b, w.data)
         elif w.requires_grad:
-            gw = cpu_threads.matmul(b.T, x2)
+            gw = opset.matmul(b.T, x2)
         return (gx.reshape(x.shape) if gx is not None else None), gw
 
     return make_node(loss, (x, w), backward, "linear_cross_entropy")
@@ -176,7 +164,7 @@ def _linear_cross_entropy_gpu(x: Tensor, w: Tensor, targets, ignore_index: int) 
     t_host, n_valid = host_targets(targets, x.shape[:-1], V, ignore_index)
     t = xp.asarray(t_host)  # one copy to the device
     inv_count = np.float32(1.0 / n_valid) if n_valid else np.float32(np.nan)  # no valid target: nan, as torch
-    buf = array_matmul(x2, w.data.T)  # (N, V) logits, then exp, then the gradient
+    buf = opset.matmul(x2, w.data.T)  # (N, V) logits, then exp, then the gradient
     s, lse, losses = (xp.empty(N, dtype=np.float32) for _ in range(3))
     fused.cross_entropy_fwd(buf, t, s, lse, losses, ignore_index)
     loss = xp.empty((), dtype=np.float32)
@@ -189,8 +177,8 @@ def _linear_cross_entropy_gpu(x: Tensor, w: Tensor, targets, ignore_index: int) 
             raise RuntimeError("linear_cross_entropy: backward ran twice (its buffer is reused in place)")
         b = held.pop("buf")
         fused.cross_entropy_bwd(b, s, t, g.astype(np.float32, copy=False), inv_count, ignore_index)
-        gx = array_matmul(b, w.data).reshape(x.shape) if x.requires_grad else None
-        gw = array_matmul(b.T, x2) if w.requires_grad else None
+        gx = opset.matmul(b, w.data).reshape(x.shape) if x.requires_grad else None
+        gw = opset.matmul(b.T, x2) if w.requires_grad else None
         return gx, gw
 
     return make_node(loss, (x, w), backward, "linear_cross_entropy")
@@ -339,7 +327,7 @@ def attention_fwd(q, k, v):
 
     def batch_rows(lo, hi):  # sequences lo..hi-1: scores, softmax, weighted sum
         s = p[lo:hi]
-        array_matmul(qh[lo:hi], causal_blocks.keys_t(k[lo:hi]), out=s)  # (b, Hkv, G*Tq, Tk)
+        opset.matmul(qh[lo:hi], causal_blocks.keys_t(k[lo:hi]), out=s)  # (b, Hkv, G*Tq, Tk)
         if use_kernels:  # scale, mask, max, exp, normalise: one pass per row (C++, or one GPU launch)
             fused.causal_softmax_fwd(s, Tq, scale)
         else:
@@ -348,7 +336,7 @@ def attention_fwd(q, k, v):
             s -= s.max(axis=-1, keepdims=True)  # max subtraction: exp never overflows
             xp.exp(s, out=s)
             s /= s.sum(axis=-1, keepdims=True)
-        _from_heads_into(out[lo:hi], array_matmul(s, vh[lo:hi]))
+        _from_heads_into(out[lo:hi], opset.matmul(s, vh[lo:hi]))
 
     # the layout copies (keys transposed, heads back to (B, T, H, D)) happen inside the
     # per-sequence blocks too: on every thread, while the block is in cache

@@ -1,7 +1,6 @@
 """Matrix products on the GPU: cuBLAS's strided batched GEMM, whatever the storage dtype (T03, T07, T12).
 
     matmul(a, b, out=None)        a @ b for CuPy arrays (stacked and transposed views too)
-    array_matmul(a, b, out=None)  np.matmul for NumPy arrays, `matmul` for CuPy ones
 
 Every product of two float32, float16 or bfloat16 arrays is one cublasGemmStridedBatchedEx call:
 the operands in their storage dtype, float32 accumulation (CUBLAS_COMPUTE_32F; no TF32, as CuPy's
@@ -29,7 +28,7 @@ import numpy as np
 
 from xtrain_lessons.runtime.cublas_direct import direct_cublas
 
-__all__ = ["matmul", "array_matmul", "is_bf16"]
+__all__ = ["matmul", "is_bf16"]
 
 # cuBLAS's enums (library_types.h, cublas_api.h), passed as plain ints
 CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF = 0, 2, 14
@@ -135,10 +134,3 @@ def _gemm(cupy, a, b, out):
         out[...] = c
         return out
     return c
-
-
-def array_matmul(a, b, out=None):
-    """np.matmul(a, b, out) for NumPy arrays, `matmul` for CuPy ones (code that serves both)."""
-    if isinstance(a, np.ndarray):
-        return np.matmul(a, b) if out is None else np.matmul(a, b, out=out)
-    return matmul(a, b, out)

@@ -1,0 +1,25 @@
+"""The op set: every operation the engine needs, one name each, on either device (phase T07).
+
+autograd/, model/ and training/ call these names and never ask which device runs them. Each op
+chooses its kernel from its arrays, here and nowhere else:
+
+  * CPU (float32 NumPy arrays): C++ on the engine's worker pool (runtime/host/fused_rows.cpp) and
+    BLAS (runtime/blas.py: MKL's sgemm or NumPy's), on fixed blocks of rows: the same bits for
+    any thread count;
+  * GPU (CuPy arrays of float32, bfloat16 or float16): the CUDA C of runtime/kernels/, one launch
+    each through CuPy, and cuBLAS (runtime/gpu_blas.py);
+  * the NumPy reference where no compiled kernel applies (float64, a layout a kernel does not
+    take, no C++ compiler, XTRAIN_FUSED=0), written once against the array module.
+
+    from xtrain_lessons.runtime import opset
+    y = opset.matmul(x, w.T)                       # cuBLAS, or BLAS on the CPU's threads
+    opset.rmsnorm_fwd(x, w, xhat, out, r, eps)     # a CUDA kernel, C++ rows, or NumPy rows
+
+`table.OPS` lists every op with its CPU kernel, GPU kernel, reference and test; `table.markdown()`
+prints it (CONTRIBUTING.md's op table).
+"""
+
+from xtrain_lessons.runtime.opset.products import matmul, matmuls
+from xtrain_lessons.runtime.opset.table import OPS, markdown
+
+__all__ = ["OPS", "markdown", "matmul", "matmuls"]
