@@ -113,9 +113,7 @@ def _shape_arg(shape):
 
 def add(a, b) -> Tensor:
     a, b = _pair(a, b)
-    out = fused.add(a.data, b.data)  # same-shaped: on the threads or one GPU launch (a residual add)
-    if out is None:
-        out = _elementwise("add", operator.add, a, b)
+    out = _elementwise("add", opset.add, a, b)  # same-shaped: on the threads or one GPU launch (a residual add)
     return make_node(out, (a, b), lambda g: (g, g), "add", unbroadcast=True)
 
 
@@ -558,9 +556,8 @@ def rmsnorm(x, weight=None, eps=1e-6, out_dtype=None) -> Tensor:
     Backward, with xhat = x * r and gh = g * w:
         dw = sum over rows of g * xhat
         dx = r * (gh - xhat * mean(gh * xhat))
-    `out_dtype` (the GPU's bf16/fp16 forward): y and the saved xhat in that storage dtype from a
-    float32 x, by the device's fused kernel (float32 statistics inside). Low-precision storage
-    keeps r in float32.
+    `out_dtype` (bf16/fp16 compute): y and the saved xhat in that storage dtype from a float32 x
+    (float32 statistics inside); r stays float32.
     """
     x = as_tensor(x)
     xp = array_module(x.data)
@@ -570,78 +567,22 @@ def rmsnorm(x, weight=None, eps=1e-6, out_dtype=None) -> Tensor:
         if weight.shape != (D,):
             raise ValueError(f"rmsnorm: weight shape {weight.shape} does not match the last "
                              f"dimension of x {x.shape}")
-    xd = x.data
-    low = xd.dtype.itemsize < 4  # bf16 / fp16 storage: float32 statistics
-    dt = np.float32 if low else xd.dtype.type
-    x2 = xd.reshape(-1, D)  # (N, D)
-    N = x2.shape[0]
-    inv_d, eps_ = dt(1.0 / D), dt(eps)
+    x2 = x.data.reshape(-1, D)  # (N, D)
     w = weight.data if weight is not None else None
     y_dtype = np.dtype(out_dtype) if out_dtype is not None else x2.dtype
-    xhat, r = _empty(x2.shape, y_dtype, x2), xp.empty((N, 1), dtype=dt)
+    r_dtype = np.float32 if x2.dtype.itemsize < 4 else x2.dtype  # bf16 / fp16 storage: float32 statistics
+    xhat, r = _empty(x2.shape, y_dtype, x2), xp.empty((x2.shape[0], 1), dtype=r_dtype)
     out = _empty(x2.shape, y_dtype, x2) if w is not None else xhat
-    use_kernels = fused.usable(x2, w, xhat)  # the device's own kernel (runtime/fused.py)
-    if (y_dtype != x2.dtype or low) and not use_kernels:
-        raise ValueError(f"rmsnorm: {x2.dtype} input with {y_dtype} output needs the device's fused kernel "
-                         f"(a GPU's; the CPU emulates low precision in model/precision.py)")
-
-    def forward_rows(lo, hi):  # one cache-sized block of rows (xtrain_lessons.runtime.cpu_threads)
-        xb = x2[lo:hi]
-        ms = xp.einsum("ij,ij->i", xb, xb)  # sum of squares, no (rows, D) temporary
-        ms *= inv_d
-        ms += eps_
-        rb = r[lo:hi]
-        xp.divide(dt(1.0), xp.sqrt(ms, out=ms)[:, None], out=rb)
-        xp.multiply(xb, rb, out=xhat[lo:hi])
-        if w is not None:
-            xp.multiply(xhat[lo:hi], w, out=out[lo:hi])
-
-    if use_kernels:  # the same chain in one pass per row: C++ on the engine's threads, or one GPU launch
-        fused.rmsnorm_fwd(x2, w, xhat, out, r, eps_)
-    else:
-        map_rows(forward_rows, N, D * xd.itemsize, like=xd)
+    opset.rmsnorm_fwd(x2, w, xhat, out, r, eps)
 
     def backward(g):
-        g2 = g.reshape(-1, D)
-        want_w = weight is not None and weight.requires_grad
         gx = _empty(x2.shape, x2.dtype, x2) if x.requires_grad else None
-
-        if use_kernels and fused.usable(g2):
-            return _rmsnorm_backward_fused(g2, xhat, w, r, x, want_w, weight is not None)
-
-        def backward_rows(lo, hi):
-            gb, xh = g2[lo:hi], xhat[lo:hi]
-            # dw's partial sums on the fixed grid (cpu_threads.grid): the same bits for any threads
-            gw_part = [xp.einsum("ij,ij->j", g2[a:b], xhat[a:b])
-                       for a, b in grid(lo, hi, D * xd.itemsize)] if want_w else None
-            if gx is not None:
-                gh = gb * w if w is not None else gb
-                dot = xp.einsum("ij,ij->i", gh, xh)  # (rows,)
-                dot *= inv_d
-                gxb = gx[lo:hi]
-                xp.multiply(xh, dot[:, None], out=gxb)
-                xp.subtract(gh, gxb, out=gxb)
-                gxb *= r[lo:hi]
-            return gw_part
-
-        partials = map_rows(backward_rows, N, D * xd.itemsize, like=xd)
-        gw = sum_blocks(partials) if want_w else None
+        gw = opset.rmsnorm_bwd(g.reshape(-1, D), xhat, w, r, gx, weight is not None and weight.requires_grad)
         gx = gx.reshape(x.shape) if gx is not None else None
         return (gx, gw) if weight is not None else (gx,)
 
     parents = (x, weight) if weight is not None else (x,)
     return make_node(out.reshape(x.shape), parents, backward, "rmsnorm")
-
-
-def _rmsnorm_backward_fused(g2, xhat, w, r, x, want_w, has_weight):
-    """rmsnorm's backward by the device's kernel (runtime/fused.py): dw summed over the rows in a
-    fixed order (the same bits for any thread count on the CPU)."""
-    xp = array_module(xhat)
-    gw = xp.empty(xhat.shape[1], dtype=np.float32) if want_w else None
-    gx = _empty(xhat.shape, xhat.dtype, xhat) if x.requires_grad else None
-    fused.rmsnorm_bwd(g2, xhat, w, r, gx, gw)
-    gx = gx.reshape(x.shape) if gx is not None else None
-    return (gx, gw) if has_weight else (gx,)
 
 
 def embedding(weight, ids) -> Tensor:
@@ -712,22 +653,6 @@ def cross_entropy_targets(targets, lead_shape, V: int, ignore_index: int, xp):
     return t_safe, valid, valid.sum()
 
 
-def softmax_rows(xb, eb, sb, lseb):
-    """Rows of a cross-entropy forward: eb = exp(xb - max) (eb may be xb itself: in place),
-    sb its row sums, lseb = log-sum-exp of xb."""
-    if fused.usable(xb, eb, sb, lseb):  # max, exp, sum, log: one pass per row (C++, or one GPU launch)
-        if eb is not xb:
-            eb[...] = xb
-        return fused.softmax_exp_rows(eb, sb, lseb)
-    xp = array_module(xb)
-    m = xb.max(axis=1, keepdims=True)  # (rows, 1), not differentiated
-    xp.subtract(xb, m, out=eb)
-    xp.exp(eb, out=eb)
-    eb.sum(axis=1, keepdims=True, out=sb)
-    xp.log(sb, out=lseb)
-    lseb += m
-
-
 def mean_valid_loss(losses, valid, n_valid):
     """The mean of the per-row losses over the valid rows (nan if none), a 0-d array."""
     xp = array_module(losses)
@@ -763,17 +688,13 @@ def cross_entropy(logits, targets, ignore_index=-100) -> Tensor:
     e = _empty(x.shape, x.dtype, x)  # exp(x - max), kept for backward (unnormalized)
     s = xp.empty((N, 1), dtype=x.dtype)  # its row sums
     lse = xp.empty((N, 1), dtype=x.dtype)
-    if fused.usable(x, e):  # one pass per row: C++ on the engine's threads, or one GPU launch
-        softmax_rows(x, e, s, lse)
-    else:
-        map_rows(lambda lo, hi: softmax_rows(x[lo:hi], e[lo:hi], s[lo:hi], lse[lo:hi]), N, V * x.itemsize, like=x)
+    opset.softmax_rows(x, e, s, lse)  # one pass per row: C++ on the engine's threads, or one GPU launch
     loss = mean_valid_loss(lse[:, 0] - x[rows, t_safe], valid, n_valid)
 
     def backward(g):
         f, scale = softmax_grad_factors(g, s, valid, n_valid)
         gx = _empty(e.shape, e.dtype, e)
-        map_rows(lambda lo, hi: xp.multiply(e[lo:hi], f[lo:hi], out=gx[lo:hi]), N, V * x.itemsize,
-                 like=x)
+        opset.scale_rows(e, f, out=gx)
         gx[rows, t_safe] -= scale
         return (gx.reshape(logits.shape),)
 

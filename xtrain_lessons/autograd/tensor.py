@@ -73,7 +73,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from xtrain_lessons.runtime.device import array_module, on_gpu
-from xtrain_lessons.runtime import fused
+from xtrain_lessons.runtime import opset
 
 __all__ = [
     "Tensor", "tensor", "as_tensor", "make_node", "no_grad", "enable_grad",
@@ -292,11 +292,9 @@ class Tensor:
                 if prev is None:
                     grads[id(p)] = gp
                 elif id(p) in sums:
-                    if fused.add(prev, gp, out=prev) is None:
-                        prev += gp
+                    opset.add(prev, gp, out=prev)
                 else:
-                    total = fused.add(prev, gp)  # large float32: on the threads (a GPU: one launch)
-                    grads[id(p)] = prev + gp if total is None else total
+                    grads[id(p)] = opset.add(prev, gp)  # large float32: on the threads (a GPU: one launch)
                     sums.add(id(p))
 
     # -- operators: defined in ops.py, attached at the bottom of this file --

@@ -33,6 +33,7 @@ from xtrain_lessons.runtime.allocator import empty  # np.empty, or the engine al
 from xtrain_lessons.runtime.cpu_threads import map_rows
 from xtrain_lessons.runtime import fused, opset
 from xtrain_lessons.runtime.opset.products import right_operand
+from xtrain_lessons.runtime.opset.rows import _softmax_block
 from xtrain_lessons.runtime.device import HostChecked, array_module, on_gpu
 
 __all__ = ["linear", "linear_cross_entropy", "rope", "causal_attention", "square_attention", "swiglu",
@@ -95,12 +96,12 @@ def linear_cross_entropy(x: Tensor, w: Tensor, targets, ignore_index: int = -100
         blas.gemm(x2[lo:hi], wt, buf[lo:hi])  # MKL's sgemm or np.matmul (runtime/blas.py)
         hit[lo:hi, 0] = buf[rows[lo:hi], t_safe[lo:hi]]  # the target's logit
         for a, b in cpu_threads.grid(lo, hi, V * buf.itemsize):  # cache-sized blocks of rows
-            ops.softmax_rows(buf[a:b], buf[a:b], s[a:b], lse[a:b])
+            _softmax_block(buf[a:b], buf[a:b], s[a:b], lse[a:b])
 
     if use_kernels:  # C++: the chunks' products on the pool, then one pass per row over all of them
         opset.matmul(x2, wt, out=buf)
         hit[:, 0] = buf[rows, t_safe]  # the target's logit
-        ops.softmax_rows(buf, buf, s, lse)
+        opset.softmax_rows(buf, buf, s, lse)
     else:
         cpu_threads.map_chunks(forward_chunk, cpu_threads.matmul_chunks(N, n_in, V), like=x2)
     loss = ops.mean_valid_loss(lse[:, 0] - hit[:, 0], valid, n_valid)
@@ -112,10 +113,7 @@ def linear_cross_entropy(x: Tensor, w: Tensor, targets, ignore_index: int = -100
             raise RuntimeError("linear_cross_entropy: backward ran twice (its buffer is reused in place)")
         b = held.pop("buf")
         f, scale = ops.softmax_grad_factors(g, s, valid, n_valid)
-        if fused.usable(b, f):
-            fused.scale_rows(b, f)
-        else:
-            map_rows(lambda lo, hi: xp.multiply(b[lo:hi], f[lo:hi], out=b[lo:hi]), N, V * b.itemsize, like=b)
+        opset.scale_rows(b, f)
         b[rows, t_safe] -= scale
         gx = gw = None
         if x.requires_grad and w.requires_grad:
@@ -217,37 +215,6 @@ def _rotate_half_T(y):
     return xp.concatenate([y[..., h:], -y[..., :h]], axis=-1)
 
 
-def _rotate(x, cos_t, sin_t):
-    """x * cos + swap_halves(x) * sin for x (B, T, H, D) and tables (T, H*D) (one row per
-    position, repeated for every head). With sin_t = [-s, s] per head this is
-    x * cos + rotate_half(x) * sin. Every pass runs over whole contiguous (T, H*D) rows:
-    slicing the halves instead (x[..., :D/2]) makes NumPy loop over D/2 = 24 numbers at a
-    time, about 3x slower."""
-    xp = array_module(x)
-    B, T, H, D = x.shape
-    h = D // 2
-    x3 = x.reshape(B, T, H * D)
-    out = empty(x3.shape, xp.result_type(x, cos_t), x)
-
-    def rows(lo, hi):  # sequences lo..hi-1 (cpu_threads.map_rows: spread over the threads)
-        n = hi - lo
-        swapped = xp.ascontiguousarray(x[lo:hi].reshape(n, T, H, 2, h)[..., ::-1, :]).reshape(n, T, H * D)
-        swapped *= sin_t
-        o = out[lo:hi]
-        xp.multiply(x3[lo:hi], cos_t, out=o)
-        o += swapped
-
-    map_rows(rows, B, T * H * D * out.itemsize, like=x)
-    return out.reshape(B, T, H, D)
-
-
-def _rope_rows(cos, sin, H):
-    """The tables as (T, H*D) rows for _rotate: cos per head, and sin as [-s, s] per head."""
-    xp = array_module(cos)
-    h = cos.shape[1] // 2
-    return xp.tile(cos, (1, H)), xp.tile(xp.concatenate([-sin[:, :h], sin[:, h:]], axis=1), (1, H))
-
-
 def rope(x: Tensor, cos, sin) -> Tensor:
     """Rotate each head vector of x (B, T, H, D) by its position's angles.
 
@@ -258,17 +225,7 @@ def rope(x: Tensor, cos, sin) -> Tensor:
     B, T, H, D = x.shape
     if cos.shape != (T, D):
         raise ValueError(f"rope: tables have shape {cos.shape}, expected {(T, D)}")
-    use_kernels = fused.usable(x.data, cos, sin)  # one pass per head vector (C++, or one GPU launch)
-
-    def rotate(a, sign):  # sign -1: the inverse rotation [a1 c + a2 s, a2 c - a1 s]
-        if not (use_kernels and fused.usable(a)):
-            cos_t, sin_t = _rope_rows(cos, sin, H)
-            return _rotate(a, cos_t, sign * sin_t)
-        out = empty(a.shape, a.dtype, a)
-        fused.rope(a, cos, sin, out, sign)
-        return out
-
-    return make_node(rotate(x.data, 1.0), (x,), lambda g: (rotate(g, -1.0),), "rope")
+    return make_node(opset.rope(x.data, cos, sin), (x,), lambda g: (opset.rope(g, cos, sin, -1.0),), "rope")
 
 
 # ----------------------------------------------------------------------------------------
@@ -381,22 +338,13 @@ def _attention_node(q, k, v, block, numpy_path, op):
 # SwiGLU
 
 
-def _sigmoid(x):
-    xp = array_module(x)
-    half = x.dtype.type(0.5)
-    s = xp.tanh(x * half)  # 0.5 * (tanh(x/2) + 1): no overflow for large |x|
-    s += x.dtype.type(1.0)
-    s *= half
-    return s
-
-
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     """silu(gate) * up, silu(a) = a * sigmoid(a); the gating of the Qwen3 MLP.
 
     d/dgate = g * up * sig * (1 + gate * (1 - sig)),  d/dup = g * silu(gate).
     Nothing but the inputs is kept for backward: sigmoid is recomputed there (cheaper than
     writing two more activation-sized arrays to memory and reading them back, as torch's
-    silu_backward does). Both directions run on cache-sized row blocks (cpu_threads.map_rows).
+    silu_backward does).
     """
     if gate.shape != up.shape:
         raise ValueError(f"swiglu: gate {gate.shape} and up {up.shape} differ")
@@ -404,45 +352,11 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     F = gate.shape[-1] if gate.ndim else 1
     a2, u2 = gate.data.reshape(-1, F), up.data.reshape(-1, F)
     out = empty(a2.shape, xp.result_type(a2, u2), a2)
-    use_kernels = fused.usable(a2, u2)  # one pass (C++, or one GPU launch) instead of NumPy's five
-
-    def forward_rows(lo, hi):
-        a = a2[lo:hi]
-        silu = _sigmoid(a)
-        silu *= a
-        xp.multiply(silu, u2[lo:hi], out=out[lo:hi])
-
-    if use_kernels:
-        fused.swiglu_fwd(a2, u2, out)
-    else:
-        map_rows(forward_rows, a2.shape[0], F * out.itemsize, like=out)
+    opset.swiglu_fwd(a2, u2, out)
 
     def backward(g):
-        g2 = g.reshape(-1, F)
         dgate, dup = empty(out.shape, out.dtype, out), empty(out.shape, out.dtype, out)
-
-        fused_back = use_kernels and fused.usable(g2)
-
-        def backward_rows(lo, hi):
-            a, gb = a2[lo:hi], g2[lo:hi]
-            sig = _sigmoid(a)
-            one = sig.dtype.type(1.0)
-            dub = dup[lo:hi]
-            xp.multiply(a, sig, out=dub)  # silu
-            dub *= gb
-            d = dgate[lo:hi]
-            xp.subtract(one, sig, out=d)
-            d *= a
-            d += one
-            d *= sig
-            d *= u2[lo:hi]
-            d *= gb
-            return None
-
-        if fused_back:
-            fused.swiglu_bwd(a2, u2, g2, dgate, dup)
-        else:
-            map_rows(backward_rows, a2.shape[0], F * out.itemsize, like=out)
+        opset.swiglu_bwd(a2, u2, g.reshape(-1, F), dgate, dup)
         return dgate.reshape(gate.shape), dup.reshape(up.shape)
 
     return make_node(out.reshape(gate.shape), (gate, up), backward, "swiglu")

@@ -20,6 +20,9 @@ prints it (CONTRIBUTING.md's op table).
 """
 
 from xtrain_lessons.runtime.opset.products import matmul, matmuls
+from xtrain_lessons.runtime.opset.rows import add, rmsnorm_bwd, rmsnorm_fwd, rope, scale_rows, softmax_rows, \
+    swiglu_bwd, swiglu_fwd
 from xtrain_lessons.runtime.opset.table import OPS, markdown
 
-__all__ = ["OPS", "markdown", "matmul", "matmuls"]
+__all__ = ["OPS", "markdown", "matmul", "matmuls", "rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd", "rope",
+           "add", "softmax_rows", "scale_rows"]
