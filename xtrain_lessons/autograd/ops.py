@@ -51,10 +51,8 @@ import numpy as np
 
 from xtrain_lessons.autograd.tensor import Tensor, as_tensor, make_node
 from xtrain_lessons.runtime.allocator import empty as _empty  # np.empty, or the engine allocator's (T11)
-from xtrain_lessons.runtime.cpu_threads import get_threads, grid, map_rows
-from xtrain_lessons.runtime.cpu_threads import sum_blocks
-from xtrain_lessons.runtime.device import HostChecked, array_module, on_gpu, scatter_add
-from xtrain_lessons.runtime import fused, opset
+from xtrain_lessons.runtime.device import array_module, scatter_add, to_host
+from xtrain_lessons.runtime import opset
 
 __all__ = [
     "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sqrt", "sigmoid", "silu",
@@ -585,89 +583,32 @@ def rmsnorm(x, weight=None, eps=1e-6, out_dtype=None) -> Tensor:
     return make_node(out.reshape(x.shape), parents, backward, "rmsnorm")
 
 
-def embedding(weight, ids) -> Tensor:
+def embedding(weight, ids, checked: bool = False) -> Tensor:
     """weight (V, D) gathered at integer ids (...) -> (..., D).
 
     Backward scatter-adds the rows of the gradient into a (V, D) zero array: a token
-    that appears several times receives the sum of its rows.
+    that appears several times receives the sum of its rows. NumPy would silently wrap a
+    negative id around: ids are checked on the host (free for host ids; ids already on a GPU
+    are copied there), unless `checked` says that was done before they were copied.
     """
     weight = as_tensor(weight)
-    checked = isinstance(ids, HostChecked)  # on the device, checked before the copy
-    ids_in = ids.data if isinstance(ids, (Tensor, HostChecked)) else ids
-    xp = array_module(weight.data)
-    ids = xp.asarray(ids_in)
-    if ids.dtype.kind not in "iu":
-        raise TypeError(f"embedding: ids must be integers, got {ids.dtype}")
+    ids = ids.data if isinstance(ids, Tensor) else ids
     if weight.ndim != 2:
         raise ValueError(f"embedding: weight must be (V, D), got {weight.shape}")
-    # NumPy would silently wrap a negative id around: refuse it. Checked on the host array when
-    # the ids come from the host (free); ids already on a GPU cost a host synchronisation.
-    src = ids_in if isinstance(ids_in, np.ndarray) else ids
-    if ids.size and not checked and (int(src.min()) < 0 or int(src.max()) >= weight.shape[0]):
-        raise ValueError(f"embedding: ids must lie in [0, {weight.shape[0]}), got "
-                         f"min {int(src.min())}, max {int(src.max())}")
+    if not checked:
+        host = to_host(ids)
+        if host.dtype.kind not in "iu":
+            raise TypeError(f"embedding: ids must be integers, got {host.dtype}")
+        if host.size and (int(host.min()) < 0 or int(host.max()) >= weight.shape[0]):
+            raise ValueError(f"embedding: ids must lie in [0, {weight.shape[0]}), got "
+                             f"min {int(host.min())}, max {int(host.max())}")
+    ids = array_module(weight.data).asarray(ids)
     out = weight.data[ids]  # (..., D)
 
     def backward(g):
-        V, D = weight.shape
-        flat, g2 = ids.reshape(-1), g.reshape(-1, D)
-        gw = _empty((V, D), g.dtype, g)
-        if fused.usable(g2, gw):  # C++: each thread its vocabulary rows; a GPU: one launch of atomic adds
-            fused.embedding_bwd(xp.ascontiguousarray(flat, dtype=np.int64), g2, gw)
-            return (gw,)
-
-        def vocab_rows(lo, hi):  # the rows of token ids lo..hi-1, one range per thread
-            part = gw[lo:hi]
-            part[...] = 0
-            if lo == 0 and hi == V:
-                scatter_add(part, flat, g2)  # fast in NumPy >= 1.25
-            else:  # this range's tokens, in their order: the same additions as one call
-                mine = (flat >= lo) & (flat < hi)
-                scatter_add(part, flat[mine] - lo, g2[mine])
-
-        threads = get_threads()
-        map_rows(vocab_rows, V, 1, like=gw, block_bytes=-(-V // threads))
-        return (gw,)
+        return (opset.embedding_bwd(ids.reshape(-1), g.reshape(-1, weight.shape[1]), weight.shape[0]),)
 
     return make_node(out, (weight,), backward, "embedding")
-
-
-def cross_entropy_targets(targets, lead_shape, V: int, ignore_index: int, xp):
-    """Checked targets of a cross-entropy over V classes: (t_safe (N,) with ignored positions
-    as 0, valid (N,) bool, n_valid). The range check reads the host array when the targets
-    come from the host (no device sync)."""
-    targets_in = targets.data if isinstance(targets, Tensor) else targets
-    targets = xp.asarray(targets_in)
-    if tuple(lead_shape) != targets.shape:
-        raise ValueError(f"cross_entropy: logits shape {(*lead_shape, V)} and targets shape "
-                         f"{targets.shape} do not match (expected targets {tuple(lead_shape)})")
-    if targets.dtype.kind not in "iu":
-        raise TypeError(f"cross_entropy: targets must be integers, got {targets.dtype}")
-    t = targets.reshape(-1)  # (N,)
-    valid = t != ignore_index
-    t_safe = xp.where(valid, t, 0)
-    src = np.where(targets_in != ignore_index, targets_in, 0) if isinstance(targets_in, np.ndarray) else t_safe
-    if t.size and (int(src.min()) < 0 or int(src.max()) >= V):
-        raise ValueError(f"cross_entropy: targets must lie in [0, {V}) or equal "
-                         f"ignore_index={ignore_index}")
-    return t_safe, valid, valid.sum()
-
-
-def mean_valid_loss(losses, valid, n_valid):
-    """The mean of the per-row losses over the valid rows (nan if none), a 0-d array."""
-    xp = array_module(losses)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        loss = (losses * valid).sum() / n_valid.astype(losses.dtype)
-    return xp.asarray(loss, dtype=losses.dtype)
-
-
-def softmax_grad_factors(g, s, valid, n_valid):
-    """(f (N, 1), scale (N,)) of d loss / d logits = e * f - onehot(target) * scale, for the
-    upstream gradient g of the mean loss (softmax = e / s)."""
-    dt = s.dtype
-    with np.errstate(invalid="ignore", divide="ignore"):
-        scale = valid.astype(dt) * (g / n_valid.astype(dt)).astype(dt)  # (N,)
-    return (scale / s[:, 0])[:, None], scale
 
 
 def cross_entropy(logits, targets, ignore_index=-100) -> Tensor:
@@ -678,27 +619,12 @@ def cross_entropy(logits, targets, ignore_index=-100) -> Tensor:
     If every target is ignored the loss is nan (0/0), as in torch.
     """
     logits = as_tensor(logits)
-    xp = array_module(logits.data)
     V = logits.shape[-1]
-    x = logits.data.reshape(-1, V)  # (N, V)
-    t_safe, valid, n_valid = cross_entropy_targets(targets, logits.shape[:-1], V, ignore_index, xp)
-    rows = xp.arange(x.shape[0])
-
-    N = x.shape[0]
-    e = _empty(x.shape, x.dtype, x)  # exp(x - max), kept for backward (unnormalized)
-    s = xp.empty((N, 1), dtype=x.dtype)  # its row sums
-    lse = xp.empty((N, 1), dtype=x.dtype)
-    opset.softmax_rows(x, e, s, lse)  # one pass per row: C++ on the engine's threads, or one GPU launch
-    loss = mean_valid_loss(lse[:, 0] - x[rows, t_safe], valid, n_valid)
-
-    def backward(g):
-        f, scale = softmax_grad_factors(g, s, valid, n_valid)
-        gx = _empty(e.shape, e.dtype, e)
-        opset.scale_rows(e, f, out=gx)
-        gx[rows, t_safe] -= scale
-        return (gx.reshape(logits.shape),)
-
-    return make_node(loss, (logits,), backward, "cross_entropy")
+    t, n_valid = opset.check_targets(targets.data if isinstance(targets, Tensor) else targets,
+                                     logits.shape[:-1], V, ignore_index)
+    loss, saved = opset.cross_entropy_fwd(logits.data.reshape(-1, V), t, n_valid, ignore_index)
+    return make_node(loss, (logits,), lambda g: (opset.cross_entropy_bwd(g, saved).reshape(logits.shape),),
+                     "cross_entropy")
 
 
 def scaled_dot_product_attention(q, k, v, causal=False, scale=None, mask=None) -> Tensor:

@@ -39,19 +39,6 @@ _override: str | None = None
 _gpu_ok: bool | None = None
 
 
-class HostChecked:
-    """Token ids or targets already on the device, checked on the host before they were copied
-    there (ids in [0, vocab), targets too or ignore_index; `n_valid` of the targets count): the
-    model and the loss take them as they are. Checking them where they are would cost a host
-    synchronisation, which a training step captured in a CUDA graph cannot make
-    (training/cuda_graph.py)."""
-
-    __slots__ = ("data", "n_valid")
-
-    def __init__(self, data, n_valid: int | None = None):
-        self.data, self.n_valid = data, n_valid
-
-
 def import_cupy() -> ModuleType:
     """The cupy module (ImportError with the install line when it is missing)."""
     try:
@@ -156,6 +143,13 @@ def move_to(a, device: str):
     if device == "cuda":
         return import_cupy().asarray(a)
     raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+
+
+def to_device_of(a, like):
+    """`a` on the device `like` (an array) lives on; copied only when it has to move."""
+    if on_gpu(a) == on_gpu(like):
+        return a
+    return move_to(a, "cuda" if on_gpu(like) else "cpu")
 
 
 def to_device(a, dtype=None):

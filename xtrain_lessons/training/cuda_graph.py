@@ -14,7 +14,7 @@ A graph replays what it recorded: each kernel's arguments by value and every arr
 So everything that changes from step to step is read from device memory that the host fills
 before each replay:
   * the batch: copied into the same two device arrays every step, checked on the host first
-    (device.HostChecked: the model then skips its own check, which would wait for the GPU);
+    (model/inputs.HostChecked: the model then skips its own check, which would wait for the GPU);
   * AdamW's lr and bias corrections: FusedAdamW.step(step_scalars=...) (adamw_step_graphed);
   * the step's temporaries: allocated during the capture from a memory pool of the graph's own
     that nothing else uses, so their addresses stay the graph's.
@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from xtrain_lessons.model.layers import host_targets
-from xtrain_lessons.runtime.device import HostChecked, import_cupy
+from xtrain_lessons.model.inputs import HostChecked, host_targets
+from xtrain_lessons.runtime.device import import_cupy
 from xtrain_lessons.runtime.kernels.adamw import adamw_step_scalars
 
 __all__ = ["CudaGraphStep"]

@@ -19,10 +19,17 @@ chooses its kernel from its arrays, here and nowhere else:
 prints it (CONTRIBUTING.md's op table).
 """
 
+from xtrain_lessons.runtime.opset.attention import causal_attention_bwd, causal_attention_fwd, causal_softmax_bwd, \
+    causal_softmax_fwd
+from xtrain_lessons.runtime.opset.classifier import check_targets, cross_entropy_bwd, cross_entropy_fwd, \
+    linear_cross_entropy_bwd, linear_cross_entropy_fwd
+from xtrain_lessons.runtime.opset.embedding import embedding_bwd
 from xtrain_lessons.runtime.opset.products import matmul, matmuls
 from xtrain_lessons.runtime.opset.rows import add, rmsnorm_bwd, rmsnorm_fwd, rope, scale_rows, softmax_rows, \
     swiglu_bwd, swiglu_fwd
 from xtrain_lessons.runtime.opset.table import OPS, markdown
 
 __all__ = ["OPS", "markdown", "matmul", "matmuls", "rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd", "rope",
-           "add", "softmax_rows", "scale_rows"]
+           "add", "softmax_rows", "scale_rows", "causal_softmax_fwd", "causal_softmax_bwd", "causal_attention_fwd",
+           "causal_attention_bwd", "check_targets", "cross_entropy_fwd", "cross_entropy_bwd", "linear_cross_entropy_fwd",
+           "linear_cross_entropy_bwd", "embedding_bwd"]
