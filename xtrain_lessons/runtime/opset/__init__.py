@@ -21,8 +21,10 @@ prints it (CONTRIBUTING.md's op table).
 
 from xtrain_lessons.runtime.opset.attention import causal_attention_bwd, causal_attention_fwd, causal_softmax_bwd, \
     causal_softmax_fwd
+from xtrain_lessons.runtime.opset.casts import cast
 from xtrain_lessons.runtime.opset.classifier import check_targets, cross_entropy_bwd, cross_entropy_fwd, \
     linear_cross_entropy_bwd, linear_cross_entropy_fwd
+from xtrain_lessons.runtime.opset.dropout import uniforms
 from xtrain_lessons.runtime.opset.embedding import embedding_bwd
 from xtrain_lessons.runtime.opset.products import matmul, matmuls
 from xtrain_lessons.runtime.opset.rows import add, rmsnorm_bwd, rmsnorm_fwd, rope, scale_rows, softmax_rows, \
@@ -32,4 +34,4 @@ from xtrain_lessons.runtime.opset.table import OPS, markdown
 __all__ = ["OPS", "markdown", "matmul", "matmuls", "rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd", "rope",
            "add", "softmax_rows", "scale_rows", "causal_softmax_fwd", "causal_softmax_bwd", "causal_attention_fwd",
            "causal_attention_bwd", "check_targets", "cross_entropy_fwd", "cross_entropy_bwd", "linear_cross_entropy_fwd",
-           "linear_cross_entropy_bwd", "embedding_bwd"]
+           "linear_cross_entropy_bwd", "embedding_bwd", "cast", "uniforms"]

@@ -34,7 +34,8 @@ from xtrain_lessons.runtime.cpu_threads import map_rows
 from xtrain_lessons.runtime.device import array_module
 from xtrain_lessons.runtime.host import fused_rows
 from xtrain_lessons.runtime.kernels import softmax as _softmax
-from xtrain_lessons.runtime.opset import dispatch
+from xtrain_lessons.runtime.opset import dispatch, lowp
+from xtrain_lessons.runtime.opset.casts import is_low
 from xtrain_lessons.runtime.opset.products import matmul
 from xtrain_lessons.runtime.opset.table import op
 
@@ -117,6 +118,8 @@ def causal_attention_fwd(q, k, v, block: int | None = None, reference: bool = Fa
     scale = _scale(q.dtype, D)
     if dispatch.on_gpu(q):  # a GPU wants one big launch per product: one block of all the queries
         block = Tq
+    elif is_low(q):  # bf16 / fp16 storage on the CPU: float32 arithmetic on the values, P rounded
+        return lowp.attention_fwd(q, k, v)
     blocks = query_blocks(Tq, Tk, block)
     probs = [empty((B, Hkv, G * (b - a), n_k), q.dtype, q) for a, b, n_k in blocks]
     out = empty((B, Tq, H, D), q.dtype, q)
@@ -145,6 +148,8 @@ def causal_attention_fwd(q, k, v, block: int | None = None, reference: bool = Fa
 def causal_attention_bwd(q, k, v, g, saved, reference: bool = False):
     """(dq, dk, dv) for the upstream gradient g (B, Tq, H, D) of causal_attention_fwd's output."""
     blocks, probs = saved
+    if is_low(q) and not dispatch.on_gpu(q):
+        return lowp.attention_bwd(q, k, v, g, saved)
     xp = array_module(g)
     B, Tq, H, D = q.shape
     Hkv = k.shape[2]

@@ -30,7 +30,8 @@ from xtrain_lessons.runtime import blas, cpu_threads
 from xtrain_lessons.runtime.allocator import empty
 from xtrain_lessons.runtime.device import array_module, to_host
 from xtrain_lessons.runtime.kernels import cross_entropy as _ce
-from xtrain_lessons.runtime.opset import dispatch
+from xtrain_lessons.runtime.opset import dispatch, lowp
+from xtrain_lessons.runtime.opset.casts import cast, is_low
 from xtrain_lessons.runtime.opset.products import matmul, matmuls, right_operand
 from xtrain_lessons.runtime.opset.rows import _softmax_block, scale_rows, softmax_rows
 from xtrain_lessons.runtime.opset.table import op
@@ -87,6 +88,8 @@ def cross_entropy_fwd(x, t, n_valid: int, ignore_index: int = -100):
     """(mean loss, saved) for logits x (N, V) and checked targets t (N,) (check_targets)."""
     xp = array_module(x)
     t_safe, valid = _rows_of(t, ignore_index, xp)
+    if is_low(x):  # bf16 / fp16 logits: float32 arithmetic on their values
+        return lowp.cross_entropy_fwd(x, t_safe, valid, n_valid)
     n = np.int64(n_valid)
     N = x.shape[0]
     e = empty(x.shape, x.dtype, x)  # exp(x - max), kept for backward (unnormalised)
@@ -102,6 +105,8 @@ def cross_entropy_fwd(x, t, n_valid: int, ignore_index: int = -100):
 def cross_entropy_bwd(g, saved):
     """d loss / d logits (N, V) = (softmax - onehot(target)) * g / n_valid."""
     e, s, t_safe, valid, n = saved
+    if is_low(e):
+        return lowp.cross_entropy_bwd(g, saved)
     f, scale = _grad_factors(g, s, valid, n)
     gx = empty(e.shape, e.dtype, e)
     scale_rows(e, f, out=gx)
@@ -120,6 +125,9 @@ def linear_cross_entropy_fwd(x, w, t, n_valid: int, ignore_index: int = -100):
     xp = array_module(x)
     (N, n_in), V = x.shape, w.shape[0]
     t_safe, valid = _rows_of(t, ignore_index, xp)
+    if is_low(x) or is_low(w):  # bf16 / fp16: the logits rounded once, then the loss in float32
+        loss, ce = lowp.cross_entropy_fwd(lowp.matmul(x, w.T), t_safe, valid, n_valid)
+        return loss, {"buf": ce}
     buf = empty((N, V), xp.result_type(x, w), x)  # logits, then exp, then the gradient
     s, lse, hit = (xp.empty((N, 1), dtype=buf.dtype) for _ in range(3))
     rows = xp.arange(N)
@@ -157,7 +165,9 @@ def linear_cross_entropy_bwd(g, saved, x, w, want_x: bool, want_w: bool):
     if "buf" not in saved:
         raise RuntimeError("linear_cross_entropy: backward ran twice (its buffer is reused in place)")
     b = saved.pop("buf")
-    if "inv_count" in saved:  # the GPU's classifier kernel
+    if isinstance(b, tuple):  # bf16 / fp16 on the CPU: d loss / d logits rounded as the logits were
+        b = cast(lowp.cross_entropy_bwd(g, b), b[0].dtype)
+    elif "inv_count" in saved:  # the GPU's classifier kernel
         _ce.cross_entropy_bwd(b, saved["s"], saved["t"], g.astype(np.float32, copy=False), saved["inv_count"],
                               saved["ignore_index"])
     else:

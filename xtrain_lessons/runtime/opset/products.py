@@ -8,7 +8,8 @@ On a GPU every product is one cuBLAS strided batched GEMM in the storage dtype (
 the CPU a 2-D product is cut into fixed chunks of rows that the engine's threads take one by one,
 each chunk one `blas.gemm` call (MKL's sgemm when installed, else NumPy's BLAS; cpu_threads.py:
 the same bits for any thread count); a stack times one matrix is one 2-D product of all its rows;
-a stack of equal batch shapes is NumPy's batched matmul (BLAS per matrix).
+a stack of equal batch shapes is NumPy's batched matmul (BLAS per matrix). bf16 / fp16 operands on
+the CPU: the float32 product of their values, rounded once (opset/lowp.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import numpy as np
 
 from xtrain_lessons.runtime import blas, cpu_threads, gpu_blas
 from xtrain_lessons.runtime.device import on_gpu
+from xtrain_lessons.runtime.opset import lowp
+from xtrain_lessons.runtime.opset.casts import is_low
 from xtrain_lessons.runtime.opset.table import op
 
 __all__ = ["matmul", "matmuls"]
@@ -28,6 +31,8 @@ def matmul(a, b, out=None):
     """a @ b (see the module doc); `out` receives the result."""
     if on_gpu(a):
         return gpu_blas.matmul(a, b, out)
+    if is_low(a) or is_low(b):  # bf16 / fp16 storage: float32 products of the values, rounded once
+        return lowp.matmul(a, b, out)
     return _host_matmul(a, b, out)
 
 
@@ -36,9 +41,9 @@ def matmul(a, b, out=None):
 def matmuls(*pairs, outs=None):
     """[a @ b for a, b in pairs] of 2-D products, in ONE hand-over to the CPU's threads (on a GPU,
     one GEMM each)."""
-    if on_gpu(pairs[0][0]):
+    if on_gpu(pairs[0][0]) or any(is_low(a) or is_low(b) for a, b in pairs):
         outs = list(outs) if outs is not None else [None] * len(pairs)
-        return [gpu_blas.matmul(a, b, o) for (a, b), o in zip(pairs, outs)]
+        return [matmul(a, b, o) for (a, b), o in zip(pairs, outs)]
     return cpu_threads.matmuls(*((a, right_operand(b)) for a, b in pairs), outs=outs)
 
 

@@ -13,7 +13,8 @@ A GPU runs each as one launch of its CUDA kernel (runtime/kernels/<family>.cu); 
 the rows on the engine's worker pool (runtime/host/fused_rows.cpp); anything else (float64, no C++
 compiler, XTRAIN_FUSED=0) takes the NumPy reference below, on cache-sized blocks of rows spread
 over the engine's threads (cpu_threads.map_rows): the same arithmetic per row, so the same bits
-for any thread count; a sum over rows (dw) adds fixed blocks' partial sums in row order.
+for any thread count; a sum over rows (dw) adds fixed blocks' partial sums in row order. bf16 /
+fp16 storage on the CPU: float32 arithmetic on the values, each result rounded once (opset/lowp.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from xtrain_lessons.runtime.kernels import rmsnorm as _rmsnorm
 from xtrain_lessons.runtime.kernels import rope as _rope
 from xtrain_lessons.runtime.kernels import softmax as _softmax
 from xtrain_lessons.runtime.kernels import swiglu as _swiglu
-from xtrain_lessons.runtime.opset import dispatch
+from xtrain_lessons.runtime.opset import dispatch, lowp
+from xtrain_lessons.runtime.opset.casts import is_low
 from xtrain_lessons.runtime.opset.table import op
 
 __all__ = ["rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd", "rope", "add", "softmax_rows", "scale_rows"]
@@ -46,14 +48,13 @@ def rmsnorm_fwd(x, w, xhat, out, r, eps) -> None:
         _rmsnorm.rmsnorm_fwd(x, w, xhat, out, r, eps)
     elif dispatch.host(x, w, xhat):
         fused_rows.rmsnorm_fwd(x, w, xhat, out, r, eps)
+    elif is_low(x) or is_low(xhat):
+        lowp.rmsnorm_fwd(x, w, xhat, out, r, eps)
     else:
         _rmsnorm_fwd_rows(x, w, xhat, out, r, eps)
 
 
 def _rmsnorm_fwd_rows(x, w, xhat, out, r, eps) -> None:
-    if xhat.dtype != x.dtype or x.dtype.itemsize < 4:
-        raise ValueError(f"rmsnorm: {x.dtype} input with {xhat.dtype} output needs the device's fused kernel "
-                         f"(a GPU's; the CPU emulates low precision in model/precision.py)")
     xp, dt = array_module(x), x.dtype.type
     N, D = x.shape
     inv_d, eps_ = dt(1.0 / D), dt(eps)
@@ -92,6 +93,8 @@ def rmsnorm_bwd(g, xhat, w, r, gx, want_gw: bool):
         if want_gw:
             gw[...] = sum_blocks(list(parts))
         return gw
+    if is_low(xhat):
+        return lowp.rmsnorm_bwd(g, xhat, w, r, gx, want_gw)
     return _rmsnorm_bwd_rows(g, xhat, w, r, gx, want_gw)
 
 
@@ -137,6 +140,8 @@ def swiglu_fwd(a, u, out) -> None:
         _swiglu.swiglu_fwd(a, u, out)
     elif dispatch.host(a, u, out):
         fused_rows.swiglu_fwd(a, u, out)
+    elif is_low(out):
+        lowp.swiglu_fwd(a, u, out)
     else:
         _swiglu_fwd_rows(a, u, out)
 
@@ -161,6 +166,8 @@ def swiglu_bwd(a, u, g, da, du) -> None:
         _swiglu.swiglu_bwd(a, u, g, da, du)
     elif dispatch.host(a, u, g, da, du):
         fused_rows.swiglu_bwd(a, u, g, da, du)
+    elif is_low(da):
+        lowp.swiglu_bwd(a, u, g, da, du)
     else:
         _swiglu_bwd_rows(a, u, g, da, du)
 
@@ -195,6 +202,8 @@ def rope(x, cos, sin, sign: float = 1.0):
         kernel = _rope.rope
     elif dispatch.host(x, cos, sin):
         kernel = fused_rows.rope
+    elif is_low(x):
+        return lowp.rope(x, cos, sin, sign, _rope_rows)
     else:
         return _rope_rows(x, cos, sin, sign)
     out = empty(x.shape, x.dtype, x)
