@@ -14,7 +14,7 @@ from xtrain_lessons.model.qwen3 import PRESETS, Model
 from xtrain_lessons.runtime import cuda as cuda_kernels
 from xtrain_lessons.runtime import cupy_standin, device
 from xtrain_lessons.training.cuda_graph import CudaGraphStep
-from xtrain_lessons.training.fused_adamw import FusedAdamW
+from xtrain_lessons.training.optim import AdamW
 
 
 @pytest.fixture
@@ -37,11 +37,11 @@ def _model(config, dtype):
     m = Model(config, seed=0)
     m.to("cuda")
     m.compute_dtype = dtype
-    return m, FusedAdamW(m.named_parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    return m, AdamW(m.named_parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
 
 
 def _eager_losses(config, dtype, batches):
-    """The training loop's eager step (FusedAdamW with lr and bias corrections by value)."""
+    """The training loop's eager step (AdamW with lr and bias corrections by value)."""
     m, opt = _model(config, dtype)
     losses = []
     for i, b in enumerate(batches):

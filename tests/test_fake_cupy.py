@@ -416,7 +416,7 @@ def test_a_host_scalar_meets_a_device_tensor(gpu):
     """GradScaler.scale multiplies the loss by its float32 scale: on the GPU the scalar moves to
     the device (the first fp16 step used to die in CuPy's CScalar)."""
     from xtrain_lessons.autograd.tensor import Tensor  # noqa: PLC0415
-    from xtrain_lessons.training.grad_scaler import GradScaler  # noqa: PLC0415
+    from xtrain_lessons.training.optim.grad_scaler import GradScaler  # noqa: PLC0415
 
     loss = Tensor(gpu.asarray(np.float32(0.5)), requires_grad=True)
     scaled = GradScaler().scale(loss)
@@ -482,11 +482,11 @@ def test_an_fp16_overflow_is_skipped_and_backed_off_on_the_device(gpu):
     leaves the weights and moments as they were, and the scaler halves its scale and counts the
     skip, all on the device (no host synchronisation); a clean step then updates and counts growth."""
     from xtrain_lessons.model.qwen3 import PRESETS, Model  # noqa: PLC0415
-    from xtrain_lessons.training.fused_adamw import FusedAdamW  # noqa: PLC0415
-    from xtrain_lessons.training.grad_scaler import GradScaler  # noqa: PLC0415
+    from xtrain_lessons.training.optim import AdamW  # noqa: PLC0415
+    from xtrain_lessons.training.optim.grad_scaler import GradScaler  # noqa: PLC0415
 
     m = Model(PRESETS["test"], seed=0).to("cuda")
-    opt = FusedAdamW(m.named_parameters(), lr=1e-2)
+    opt = AdamW(m.named_parameters(), lr=1e-2)
     scaler = GradScaler(init_scale=1024.0, growth_interval=1).to_device(gpu)
     ids = np.random.default_rng(0).integers(0, PRESETS["test"].vocab_size, (2, 8))
     for overflow in (True, False):

@@ -211,7 +211,7 @@ def test_blocks_gradcheck():
 
 @pytest.mark.parametrize("wd", [0.1, 0.0])
 def test_adamw_gives_the_bits_of_the_numpy_update(wd):
-    from xtrain_lessons.training.optim import _adamw_update  # noqa: PLC0415
+    from xtrain_lessons.runtime.opset.optim import _adamw_update  # noqa: PLC0415
 
     rng = _rng(21)
     arrays = [rng.standard_normal(10_007).astype(np.float32) for _ in range(3)]
@@ -368,7 +368,7 @@ def test_scale_arrays_gives_numpys_float32_product(threads):
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_adamw_arrays_gives_the_bits_of_numpys_update(threads):
-    from xtrain_lessons.training.optim import _adamw_update
+    from xtrain_lessons.runtime.opset.optim import _adamw_update
 
     def state(seed):
         thetas = _param_like_arrays(seed)

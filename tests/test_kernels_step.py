@@ -745,7 +745,7 @@ def test_update_scale_is_gradscalers_rule(found, state, interval, dynamic):
     back off on an inf, grow after `interval` clean steps unless the grown scale is not finite,
     count the skips; a fixed scale only counts."""
     from xtrain_lessons.runtime.kernels.grad_scaler import update_scale, update_scale_reference  # noqa: PLC0415
-    from xtrain_lessons.training.grad_scaler import GradScaler  # noqa: PLC0415
+    from xtrain_lessons.training.optim.grad_scaler import GradScaler  # noqa: PLC0415
 
     s = np.array(state, np.float32)
     want = update_scale_reference(s, bool(found), 2.0, 0.5, interval, dynamic)

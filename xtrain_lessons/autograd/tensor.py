@@ -302,7 +302,7 @@ class Tensor:
 
 def _accumulate_into(t: Tensor, g):
     if t.grad is None:
-        buffer = getattr(t, "grad_buffer", None)  # where an optimizer wants it (FusedAdamW's flat buffer)
+        buffer = getattr(t, "grad_buffer", None)  # where an optimizer wants it (AdamW's flat buffer)
         if buffer is not None and buffer.shape == g.shape and buffer.dtype == t.dtype:
             buffer[...] = g
             t.grad = buffer

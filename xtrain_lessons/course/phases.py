@@ -92,8 +92,8 @@ TABLE: list[Phase] = [
     Phase("T06", "training", "The training stack",
           "AdamW, warmup + cosine, clipping, data windows, checkpoints with exact resume, decoding, "
           "resource accounting, a real run",
-          ["training/config.py", "training/loop.py", "training/deferred.py", "training/optim.py",
-           "training/schedule.py", "training/data.py", "training/fetch.py", "training/tokenizer.py",
+          ["training/config.py", "training/loop.py", "training/deferred.py", "training/optim/",
+           "training/data.py", "training/fetch.py", "training/tokenizer.py",
            "training/checkpoint.py", "training/rundir.py", "training/metrics.py", "training/validation.py",
            "model/generate.py", "cli/train.py", "cli/sample.py", "cli/data.py"],
           ["test_train.py", "test_cli_train.py", "test_optim.py", "test_schedule.py", "test_data.py",
@@ -104,7 +104,7 @@ TABLE: list[Phase] = [
           "profiling, BLAS matmuls, fused row kernels, a fused AdamW kernel, fewer host syncs, tokens/s "
           "and MFU",
           ["runtime/cpu_threads.py", "runtime/blas.py", "runtime/host/fused_rows.py", "runtime/opset/",
-           "runtime/kernels/adamw.py", "training/fused_adamw.py", "measure/bench.py", "measure/torch_twin.py",
+           "runtime/kernels/adamw.py", "measure/bench.py", "measure/torch_twin.py",
            "measure/profiler.py", "cli/bench.py", "runtime/kernels/_common.py", "runtime/kernels/rmsnorm.py",
            "runtime/kernels/swiglu.py", "runtime/kernels/rope.py", "runtime/kernels/softmax.py",
            "runtime/kernels/cross_entropy.py", "runtime/kernels/residual.py", "runtime/kernels/grad_norm.py",
@@ -130,7 +130,7 @@ TABLE: list[Phase] = [
           ["runtime/allocator.py", "measure/memory_report.py"], ["test_memory.py"], reference="2.3×"),
     Phase("T12", "bf16", "bf16 mixed precision",
           "fp32 master weights, bf16 compute, round-to-nearest-even, what stays fp32, fp16 with loss scaling",
-          ["model/precision.py", "runtime/kernels/bf16.py", "training/grad_scaler.py", "runtime/kernels/grad_scaler.py",
+          ["model/precision.py", "runtime/kernels/bf16.py", "training/optim/grad_scaler.py", "runtime/kernels/grad_scaler.py",
            "runtime/gpu_blas.py"],
           ["test_amp.py", "test_kernels_bf16.py", "test_grad_scaler.py"], reference="29% less memory"),
     Phase("T13", "recompute", "Activation recompute",

@@ -3,7 +3,7 @@
     xtrain bench train --device cuda --against eager,sdpa,compile,amp [--dtype float32|bf16|fp16]
                        [--preset tiny|20m|gpt2-small] [--batch-size B] [--seq-len T]
 
-The engine's step is the training loop's on a GPU: the model on the device, FusedAdamW over flat
+The engine's step is the training loop's on a GPU: the model on the device, AdamW over flat
 buffers with the norm, the clip (and fp16's unscale, skip and loss-scale update) on the device, no
 host synchronisation inside a step. The PyTorch twins (measure/torch_twin.py: eager, sdpa,
 compile, and amp = sdpa under autocast bf16) run on the same GPU from the same weights and batches.
@@ -36,8 +36,8 @@ from xtrain_lessons.measure.bench import _batches, parse_against, train_flops_pe
 from xtrain_lessons.model.qwen3 import PRESETS, Model
 from xtrain_lessons.runtime.device import Timer, describe, get_xp, synchronize
 from xtrain_lessons.training.cuda_graph import CudaGraphStep
-from xtrain_lessons.training.fused_adamw import FusedAdamW
-from xtrain_lessons.training.grad_scaler import GradScaler
+from xtrain_lessons.training.optim import AdamW
+from xtrain_lessons.training.optim.grad_scaler import GradScaler
 
 __all__ = ["run_train_bench_gpu", "gpu_matmul_peak", "engine_stepper_gpu"]
 
@@ -72,7 +72,7 @@ def engine_stepper_gpu(config, dtype: str = "float32", seed: int = 0, graph: boo
     init = model.state_dict()
     model.to("cuda")
     model.compute_dtype = dtype
-    opt = FusedAdamW(model.named_parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    opt = AdamW(model.named_parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
     if graph:
         if dtype == "fp16":
             raise ValueError("bench: --cuda-graph captures float32 and bf16 steps (fp16's loss scaling runs eagerly)")

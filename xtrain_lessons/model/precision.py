@@ -23,7 +23,7 @@ into the master's `.grad`.
 
 fp16 ("fp16", `forward_lowp(model, ids, "fp16")`): the same ops and policy with float16 storage
 (10 mantissa bits, range 6e-8 .. 65504): an activation above 65504 becomes inf, a gradient below
-2^-25 becomes 0, hence loss scaling (training/grad_scaler.py).
+2^-25 becomes 0, hence loss scaling (training/optim/grad_scaler.py).
 
 The layers are the float32 model's own (layers.py, ops.rmsnorm with `out_dtype`), run on
 low-precision arrays: the op set (runtime/opset) reads and writes the storage dtype with float32

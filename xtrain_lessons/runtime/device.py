@@ -164,6 +164,13 @@ def to_host(a) -> np.ndarray:
     return np.asarray(a)
 
 
+def default_log_every(device: str) -> int:
+    """Training steps between reads of their values on the host (TrainConfig.log_every's default):
+    1 on the CPU, where reading a value is free; 10 on a GPU, where each read waits for the device
+    to finish its queue (a host synchronisation)."""
+    return 10 if device == "cuda" else 1
+
+
 def synchronize() -> None:
     """Wait until the GPU has finished all queued work (no-op on the CPU)."""
     if "cupy" in sys.modules and gpu_available():

@@ -88,7 +88,7 @@ class TrainConfig:
                                     # train --threads N` measures the speed
     dtype: str = "float32"          # T12 compute dtype: "float32", "bf16" or "fp16" (float32 master
                                     # weights and AdamW state either way; xtrain_lessons.model.precision;
-                                    # fp16 adds dynamic loss scaling: training.grad_scaler)
+                                    # fp16 adds dynamic loss scaling: training.optim.grad_scaler)
     loss_scale: float = 0.0         # T12 fp16: 0 = dynamic (2^16, halved on inf, doubled after 2000
                                     # clean steps); S > 0: a fixed scale S (1: no scaling)
 

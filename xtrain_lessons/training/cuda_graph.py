@@ -6,7 +6,7 @@ shorter (measured on an H100: the 20m model in bf16 took 30 ms of host time for 
 work). A CUDA graph records the step's launches once (CuPy's stream capture) and replays all of
 them with one call, so a step costs what the GPU needs.
 
-    step = CudaGraphStep(model, opt, max_norm=1.0)   # model on the GPU, opt a FusedAdamW
+    step = CudaGraphStep(model, opt, max_norm=1.0)   # model on the GPU, opt an AdamW
     loss = step(batch)      # batch (B, T+1) host ints -> the loss, a float32 device scalar
     step.reason             # None while the step is captured; else why it runs eagerly
 
@@ -15,7 +15,7 @@ So everything that changes from step to step is read from device memory that the
 before each replay:
   * the batch: copied into the same two device arrays every step, checked on the host first
     (model/inputs.HostChecked: the model then skips its own check, which would wait for the GPU);
-  * AdamW's lr and bias corrections: FusedAdamW.step(step_scalars=...) (adamw_step_graphed);
+  * AdamW's lr and bias corrections: AdamW.step(step_scalars=...) (adamw_step_graphed);
   * the step's temporaries: allocated during the capture from a memory pool of the graph's own
     that nothing else uses, so their addresses stay the graph's.
 Nothing inside the step may copy from the host or wait for the GPU: a capture cannot record
@@ -36,7 +36,6 @@ import numpy as np
 
 from xtrain_lessons.model.inputs import HostChecked, host_targets
 from xtrain_lessons.runtime.device import import_cupy
-from xtrain_lessons.runtime.kernels.adamw import adamw_step_scalars
 
 __all__ = ["CudaGraphStep"]
 
@@ -74,8 +73,7 @@ class CudaGraphStep:
             self._scalars = self.cp.empty(3, np.float32)
         self._ids.set(ids)
         self._targets.set(targets)
-        g = self.opt.groups[0]
-        self._scalars.set(adamw_step_scalars(self.opt._step + 1, g["lr"], g["betas"], self.opt._wd))
+        self._scalars.set(self.opt.next_step_scalars())
         self.calls += 1
         if self.reason is not None or self.calls <= self.warmup:
             return self._body()
@@ -99,10 +97,8 @@ class CudaGraphStep:
         return ids, targets, n_valid
 
     def _advance(self) -> None:
-        """The host-side bookkeeping of FusedAdamW.step that a replay does not run."""
-        self.opt._step += 1
-        for st in self.opt.state.values():
-            st["step"] = self.opt._step
+        """The host-side bookkeeping of AdamW.step that a replay does not run."""
+        self.opt.step_count += 1
 
     # -- capture, replay once, compare with the eager step -------------------------------
     def _state(self):
@@ -112,17 +108,17 @@ class CudaGraphStep:
     def _capture_and_check(self):
         cp, o = self.cp, self.opt
         before = [a.copy() for a in self._state()]
-        step0 = o._step
+        step0 = o.step_count
         eager_loss = self._body().copy()
         eager = [a.copy() for a in self._state()]
         eager_factors = o.last_factors  # [norm, clip factor, skip] of the eager step
         for a, b in zip(self._state(), before):
             a[...] = b
-        o._step = step0
+        o.step_count = step0
         try:
             self._loss, self.graph = self._capture()
             self.graph.launch()
-            o._step = step0
+            o.step_count = step0
             self._advance()
             differs = [name for name, a, b in zip(("loss", "weights", "exp_avg", "exp_avg_sq"),
                                                   (self._loss, *self._state()), (eager_loss, *eager))
@@ -136,7 +132,7 @@ class CudaGraphStep:
         self.graph = None  # keep the eager step's result
         for a, b in zip(self._state(), eager):
             a[...] = b
-        o._step, o.last_factors = step0 + 1, eager_factors
+        o.step_count, o.last_factors = step0 + 1, eager_factors
         return eager_loss
 
     def _capture(self):

@@ -86,9 +86,9 @@ from xtrain_lessons.parallel.ddp import (
     micro_batches,
     setup_from_env,
 )
-from xtrain_lessons.runtime import cpu_threads
+from xtrain_lessons.runtime import opset
 from xtrain_lessons.runtime.allocator import keep_freed_memory
-from xtrain_lessons.runtime.device import array_module, get_device, is_out_of_memory, to_device
+from xtrain_lessons.runtime.device import array_module, default_log_every, get_device, is_out_of_memory
 from xtrain_lessons.training.bpe_hf import load_tokenizer_impl, train_tokenizer_impl
 from xtrain_lessons.training.checkpoint import (
     CheckpointCorruptError,
@@ -109,12 +109,11 @@ from xtrain_lessons.training.checkpoint import (
 from xtrain_lessons.training.config import RESUME_FIXED_FIELDS, ConfigError, TrainConfig, model_config
 from xtrain_lessons.training.data import TokenDataset, default_corpus_path, prepare
 from xtrain_lessons.training.deferred import PendingSteps, TrainingDiverged
-from xtrain_lessons.training.fused_adamw import FusedAdamW
-from xtrain_lessons.training.grad_scaler import GradScaler
 from xtrain_lessons.training.metrics import last_sample, plot_metrics, read_metrics, truncate_after
-from xtrain_lessons.training.optim import AdamW, clip_grad_norm, global_grad_norm
+from xtrain_lessons.training.optim import AdamW
+from xtrain_lessons.training.optim.grad_scaler import GradScaler
+from xtrain_lessons.training.optim.schedule import lr_at
 from xtrain_lessons.training.rundir import RunDir, RunLock, config_hash, default_run_dir, new_run_id
-from xtrain_lessons.training.schedule import lr_at
 from xtrain_lessons.training.tokenizer import save_tokenizer, tokenizer_hash
 from xtrain_lessons.training.validation import evaluate, sample_text
 
@@ -159,7 +158,7 @@ def train(cfg: TrainConfig | None = None, *, resume: str | os.PathLike | None = 
                   log=log, t_start=t_start)
     # one writer per run directory (rank 0 writes for a whole `xtrain launch` group)
     lock = RunLock(cfg.out) if os.environ.get("RANK", "0") == "0" else None
-    with lock or _nothing(), cpu_threads.blas_threads_set(cfg.threads or _cores_per_process()), \
+    with lock or _nothing(), opset.threads_set(cfg.threads or _cores_per_process()), \
             _out_of_memory_explained(run):
         run.setup()
         run.resume(from_checkpoint) if conf is not None else run.start()
@@ -224,12 +223,10 @@ def run_identity(conf: dict | None) -> str:
     return (conf or {}).get("run_id") or new_run_id()
 
 
-def make_optimizer(params, cfg: TrainConfig, device: str):
-    """AdamW for the run: on a GPU the fused kernel (kernels/adamw.cu, one launch per step over
-    flat buffers: T07), on the CPU optim.AdamW (the kernel would run on the emulator). Both
-    take the same arguments and save the same state_dict, so checkpoints move between them."""
-    kw = dict(lr=cfg.max_lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
-    return FusedAdamW(params, **kw) if device == "cuda" else AdamW(params, **kw)
+def make_optimizer(params, cfg: TrainConfig):
+    """AdamW for the run, over flat buffers (one kernel call per step on either device: T07). Its
+    state_dict is the same on both devices, so checkpoints move between them."""
+    return AdamW(params, lr=cfg.max_lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
 
 
 def _cores_per_process() -> int:
@@ -370,17 +367,14 @@ class Trainer:
         self.cfg_hash = config_hash(cfg.to_dict(), self.mcfg.to_dict(), RESUME_FIXED_FIELDS)
         self.model.compute_dtype = cfg.dtype  # T12: bf16 compute copies of the float32 masters
         self.device = get_device()  # $XTRAIN_DEVICE / --device; "auto" is the CPU without a GPU
-        if self.device == "cuda":  # parameters move once; batches are moved by the model itself
-            for p in self.model.parameters():
-                p.data = to_device(p.data)
+        self.model.to(self.device)  # parameters move once (if at all); batches are moved by the model itself
         self.params = self.model.named_parameters()
-        self.opt = make_optimizer(self.params, cfg, self.device)
+        self.opt = make_optimizer(self.params, cfg)
         self.ddp = DDP(self.model) if self.dp else None  # T08: rank 0's weights, averaged gradients
         self.scaler = None  # T12: fp16 loss scaling, dynamic unless a fixed --loss-scale is given
         if cfg.dtype == "fp16":
             self.scaler = GradScaler(cfg.loss_scale, dynamic=False) if cfg.loss_scale else GradScaler()
-            if isinstance(self.opt, FusedAdamW):  # the GPU: the scaler's state on the device (no sync)
-                self.scaler.to_device(array_module(self.opt.flat_param))
+            self.scaler.to_device(array_module(self.opt.flat_param))  # its state beside the gradients: no sync
         self.rng = np.random.default_rng([cfg.seed, 1])  # the data stream
         self.metrics_path, self.samples_path = self.dir.metrics, self.dir.samples
         if self.rank:  # T17: the other ranks keep their metrics aside
@@ -471,8 +465,7 @@ class Trainer:
             self.say(f"warning: the validation split has only {len(self.val_ds)} tokens "
                      f"(< seq_len + 1); validation is skipped in this run")
             self.eval_every = 0
-        on = f"cpu, {cpu_threads.get_threads()} thread(s)" if self.device == "cpu" else self.device
-        self.say(f"run {self.dir.path} on {on}: {cfg.preset} model, {model.n_params() / 1e6:.2f}M "
+        self.say(f"run {self.dir.path} on {opset.placement(self.device)}: {cfg.preset} model, {model.n_params() / 1e6:.2f}M "
                  f"parameters, vocab {self.mcfg.vocab_size}; {cfg.steps} steps x {cfg.batch_size} x "
                  f"{cfg.seq_len} tokens; {n_train:,} training tokens"
                  + (f"; time limit {cfg.time_limit:.0f}s" if cfg.time_limit else ""))
@@ -482,7 +475,7 @@ class Trainer:
         """Steps until `end`, a stop request (`sigint`), the time limit or a divergence."""
         cfg = self.cfg
         # T07: host synchronisations only at logging points (see TrainConfig.log_every)
-        self.log_every = cfg.log_every or (10 if self.device == "cuda" else 1)
+        self.log_every = cfg.log_every or default_log_every(self.device)
         self.deferred = self.log_every > 1
         self.healthy = True  # on the device once a deferred step ran: every step so far was finite
         self.pending = PendingSteps(self.tokens_per_step, self.log_every, self.world)  # tokens/s: all ranks
@@ -543,21 +536,8 @@ class Trainer:
         x, y = self.train_ds.get_batch(cfg.batch_size * cfg.accum_steps * self.world, cfg.seq_len, self.rng)
         self.model.dropout_step = step  # T18: masks keyed by step, so resume redraws them
         loss_val = self._forward_backward(x, y, lr)
-        extra, skip, gnorm = {}, False, None
-        if self.deferred and isinstance(self.opt, FusedAdamW):  # the GPU: all of it on the device
-            self._device_update(lr, loss_val, extra)
-            return self._finish_step(t0, lr, loss_val, self.opt.last_factors[0], extra)
-        if self.scaler is not None:  # T12 fp16: unscale before clipping, once per optimizer step;
-            extra["loss_scale"] = self.scaler.get_scale()  # an inf/NaN gradient on any rank: skip
-            skip = self.scaler.unscale_(self.params, collectives if self.ddp is not None else None)
-        if not skip:
-            gnorm = self._clip_and_check(loss_val)
-            self.in_update = True
-            self.opt.step(lr, where=self.healthy if self.deferred else None)  # skipped once a value is bad
-            self.in_update = False
-        if self.scaler is not None:
-            self.scaler.update()
-            extra["skipped_steps"] = self.scaler.skipped_steps
+        extra = {}
+        gnorm = self._update(lr, loss_val, extra)
         self._finish_step(t0, lr, loss_val, gnorm, extra)
 
     def _finish_step(self, t0, lr, loss_val, gnorm, extra) -> None:
@@ -567,46 +547,36 @@ class Trainer:
         self.step += 1
         self.pending.add(self.step, lr, loss_val, gnorm, dt, time.perf_counter() - self.t_start, extra)
 
-    def _device_update(self, lr, loss_val, extra) -> None:
-        """The optimizer's part of a GPU step with no host synchronisation (T07): the global norm,
-        the clip and fp16's unscale folded into one factor over the flat gradient buffer, the update
-        skipped on the device when the loss (or, without fp16, the norm) is not finite or the fp16
-        gradients overflowed, and the loss scale's update (T12). The values reach the host at the
-        next logging point. Under DDP the gradients are already averaged: an inf on any rank is an
-        inf on every rank, so the ranks skip together."""
-        xp, scaler = array_module(loss_val), self.scaler
+    def _update(self, lr, loss_val, extra):
+        """The optimizer's part of the step: the global norm, the clip and fp16's unscale folded into
+        one factor over the flat gradient buffer, the update (skipped where fp16's gradients
+        overflowed), the loss scale's update (T12). Deferred (log_every > 1, T07): nothing is read
+        on the host; a non-finite loss or norm skips this update and every later one on the device,
+        and is read at the next logging point. Otherwise a non-finite norm stops the run before the
+        update. Under DDP the gradients are already averaged: an inf on any rank is an inf on every
+        rank, so the ranks skip together. Returns the norm (a device value when deferred)."""
+        scaler = self.scaler
         state = scaler.state if scaler is not None else None
         if scaler is not None:
             extra["loss_scale"] = state[0].copy()  # the scale this step used
         gnorm = self.opt.clip_grad_norm(self.cfg.grad_clip, scale_state=state)
-        finite = xp.isfinite(loss_val) if scaler is not None else xp.isfinite(loss_val) & xp.isfinite(gnorm)
-        self.healthy = self.healthy & finite
+        where = None
+        if self.deferred:  # T07: checked on the device, read at the logging point
+            xp = array_module(gnorm)
+            finite = xp.isfinite(loss_val) if scaler is not None else xp.isfinite(loss_val) & xp.isfinite(gnorm)
+            self.healthy = where = self.healthy & finite
+        elif scaler is None and not math.isfinite(float(gnorm)):
+            raise TrainingDiverged(
+                f"gradient norm is {float(gnorm)} at step {self.step} (loss {loss_val:.4f}); "
+                f"stopping before the update; the last good checkpoint is intact.")
         self.in_update = True
-        self.opt.step(lr, where=self.healthy)  # also skipped where the fp16 gradients overflowed
+        self.opt.step(lr, where=where)  # also skipped where the fp16 gradients overflowed
         self.in_update = False
         if scaler is not None:
             scaler.update_from(self.opt.last_factors)
             extra["skipped_steps"] = state[2].copy()
             extra["_skipped"] = self.opt.last_factors[2]  # read_steps: a skipped step has no norm
-
-    def _clip_and_check(self, loss_val):
-        """Clip (or just measure) the global gradient norm; a non-finite one stops the run
-        (read now, or on the device at the logging point when deferred)."""
-        cfg = self.cfg
-        if self.deferred and isinstance(self.opt, FusedAdamW):  # on the device, over its flat buffer;
-            gnorm = self.opt.clip_grad_norm(cfg.grad_clip)  # the clip is applied by its step
-        elif cfg.grad_clip > 0:
-            gnorm = clip_grad_norm(self.params, cfg.grad_clip, sync=not self.deferred)
-        else:
-            gnorm = global_grad_norm(self.params, sync=not self.deferred)
-        if self.deferred:  # T07: checked on the device, read at the logging point
-            xp = array_module(gnorm)
-            self.healthy = self.healthy & xp.isfinite(loss_val) & xp.isfinite(gnorm)
-        elif not math.isfinite(gnorm):
-            raise TrainingDiverged(
-                f"gradient norm is {gnorm} at step {self.step} (loss {loss_val:.4f}); "
-                f"stopping before the update; the last good checkpoint is intact.")
-        return gnorm
+        return gnorm if self.deferred else float(gnorm)
 
     def _forward_backward(self, x, y, lr: float):
         """The loss of the step (a device value when deferred), gradients in .grad."""

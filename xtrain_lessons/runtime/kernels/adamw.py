@@ -1,6 +1,6 @@
 """Fused AdamW: the launcher for kernels/adamw.cu and its NumPy reference.
 
-The optimizer built on it is `xtrain_lessons.training.fused_adamw.FusedAdamW`.
+The optimizer built on it is `xtrain_lessons.training.optim.AdamW` (through runtime/opset/optim.py).
 
 adamw_flat(p, g, m, v, step, lr, betas, eps, weight_decay, n_decay) updates flat buffers in
 place (one launch); adamw_reference(...) is the same update in NumPy, with the engine AdamW's

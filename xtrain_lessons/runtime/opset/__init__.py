@@ -26,12 +26,17 @@ from xtrain_lessons.runtime.opset.classifier import check_targets, cross_entropy
     linear_cross_entropy_bwd, linear_cross_entropy_fwd
 from xtrain_lessons.runtime.opset.dropout import uniforms
 from xtrain_lessons.runtime.opset.embedding import embedding_bwd
+from xtrain_lessons.runtime.opset.optim import NORM_GRID, Segment, adamw, adamw_step_scalars, grad_norm, \
+    grad_norm_and_clip, loss_scale_update, scale_arrays
 from xtrain_lessons.runtime.opset.products import matmul, matmuls
 from xtrain_lessons.runtime.opset.rows import add, rmsnorm_bwd, rmsnorm_fwd, rope, scale_rows, softmax_rows, \
     swiglu_bwd, swiglu_fwd
 from xtrain_lessons.runtime.opset.table import OPS, markdown
+from xtrain_lessons.runtime.opset.threads import placement, threads_set
 
 __all__ = ["OPS", "markdown", "matmul", "matmuls", "rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd", "rope",
            "add", "softmax_rows", "scale_rows", "causal_softmax_fwd", "causal_softmax_bwd", "causal_attention_fwd",
            "causal_attention_bwd", "check_targets", "cross_entropy_fwd", "cross_entropy_bwd", "linear_cross_entropy_fwd",
-           "linear_cross_entropy_bwd", "embedding_bwd", "cast", "uniforms"]
+           "linear_cross_entropy_bwd", "embedding_bwd", "cast", "uniforms", "Segment", "adamw",
+           "adamw_step_scalars", "grad_norm", "scale_arrays", "grad_norm_and_clip", "loss_scale_update", "NORM_GRID",
+           "threads_set", "placement"]
