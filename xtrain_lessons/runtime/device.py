@@ -157,6 +157,43 @@ def to_device(a, dtype=None):
     return get_xp().asarray(a, dtype=dtype)
 
 
+def is_array(a) -> bool:
+    """`a` is an array of either device (NumPy, or CuPy: checked without importing it)."""
+    return hasattr(a, "__array_interface__") or on_gpu(a)
+
+
+def set_from_host(dst, src) -> None:
+    """dst[...] = src for a host array `src`: one copy to the device of `dst` (CuPy's `set`)."""
+    if on_gpu(dst):
+        dst.set(np.ascontiguousarray(src, dtype=dst.dtype))
+    else:
+        dst[...] = src
+
+
+def cublas_binding():
+    """CuPy's own cuBLAS binding (cupy_backends), for the calls runtime/cublas_direct.py cannot make."""
+    import_cupy()
+    from cupy_backends.cuda.libs import cublas
+
+    return cublas
+
+
+def capture_graph(fn):
+    """(fn(), the CUDA graph of the launches fn made, what keeps it alive): fn runs once on a stream
+    of its own, and what it allocates comes from a memory pool of the graph's own, so that the
+    addresses the graph replays stay the graph's. Nothing in fn may copy from the host or wait for
+    the GPU: a capture cannot record either."""
+    cupy = import_cupy()
+    pool, stream = cupy.cuda.MemoryPool(), cupy.cuda.Stream(non_blocking=True)
+    with cupy.cuda.using_allocator(pool.malloc), stream:
+        stream.begin_capture()
+        try:
+            result = fn()
+        finally:
+            graph = stream.end_capture()
+    return result, graph, (pool, stream)
+
+
 def to_host(a) -> np.ndarray:
     """`a` as a NumPy array (copied from the GPU when it lives there)."""
     if on_gpu(a):

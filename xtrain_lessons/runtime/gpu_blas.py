@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from xtrain_lessons.runtime.cublas_direct import direct_cublas
+from xtrain_lessons.runtime.device import cublas_binding, import_cupy
 
 __all__ = ["matmul", "is_bf16"]
 
@@ -45,7 +46,7 @@ def is_bf16(a) -> bool:
 
 def matmul(a, b, out=None):
     """a @ b on the GPU (see the module doc); `out` receives the result in its own dtype."""
-    import cupy  # noqa: PLC0415 - only ever called with CuPy arrays
+    cupy = import_cupy()  # only ever called with CuPy arrays
 
     if a.dtype != b.dtype:  # widen both to float32 (exact), round the result once
         want = np.result_type(a.dtype, b.dtype)
@@ -127,9 +128,7 @@ def _gemm(cupy, a, b, out):
     if blas is not None:
         blas.gemm_strided_batched_ex(cupy.cuda.get_current_stream().ptr, *args)
     else:  # CuPy's binding: the same call, refused inside a graph capture
-        from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
-
-        cublas.gemmStridedBatchedEx(cupy.cuda.device.get_cublas_handle(), *args)
+        cublas_binding().gemmStridedBatchedEx(cupy.cuda.device.get_cublas_handle(), *args)
     if out is not None and c is not out:
         out[...] = c
         return out

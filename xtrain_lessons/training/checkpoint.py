@@ -42,6 +42,9 @@ import numpy as np
 from safetensors import SafetensorError
 import safetensors.numpy
 
+from xtrain_lessons.autograd.tensor import Tensor
+from xtrain_lessons.runtime.device import to_host
+
 __all__ = [
     "FORMAT_VERSION",
     "Checkpoint",
@@ -133,11 +136,8 @@ def rng_from_state(state: dict) -> np.random.Generator:
 # ----- helpers ---------------------------------------------------------------------------
 
 def _to_host(a) -> np.ndarray:
-    if hasattr(a, "numpy") and not isinstance(a, np.ndarray) and hasattr(a, "data"):
-        a = a.numpy()  # an engine Tensor
-    if not isinstance(a, np.ndarray) and hasattr(a, "get"):
-        a = a.get()  # a CuPy array
-    return np.ascontiguousarray(np.asarray(a))
+    """An engine Tensor's or an array's values as a C-contiguous NumPy array."""
+    return np.ascontiguousarray(to_host(a.data if isinstance(a, Tensor) else a))
 
 
 def _sha256(path: Path) -> str:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from xtrain_lessons.model.inputs import HostChecked, host_targets
-from xtrain_lessons.runtime.device import import_cupy
+from xtrain_lessons.runtime.device import array_module, capture_graph, set_from_host
 
 __all__ = ["CudaGraphStep"]
 
@@ -49,7 +49,6 @@ class CudaGraphStep:
                              "steps eagerly")
         self.model, self.opt, self.max_norm = model, opt, max_norm
         self.warmup, self.ignore_index = warmup, ignore_index
-        self.cp = import_cupy()
         self.graph = self.reason = None
         self.calls = 0
         self._key = None  # (batch shape, valid targets) the buffers and the graph were made for
@@ -68,12 +67,13 @@ class CudaGraphStep:
         ids, targets, n_valid = self._checked(np.asarray(batch))
         if self._key != (ids.shape, n_valid):  # new buffers, and a new capture once warm
             self._key, self.graph, self._n_valid = (ids.shape, n_valid), None, n_valid
-            self._ids = self.cp.empty(ids.shape, np.int64)
-            self._targets = self.cp.empty(ids.shape, np.int64)
-            self._scalars = self.cp.empty(3, np.float32)
-        self._ids.set(ids)
-        self._targets.set(targets)
-        self._scalars.set(self.opt.next_step_scalars())
+            xp = array_module(self.opt.flat_param)  # the device's buffers, refilled every step
+            self._ids = xp.empty(ids.shape, np.int64)
+            self._targets = xp.empty(ids.shape, np.int64)
+            self._scalars = xp.empty(3, np.float32)
+        set_from_host(self._ids, ids)
+        set_from_host(self._targets, targets)
+        set_from_host(self._scalars, self.opt.next_step_scalars())
         self.calls += 1
         if self.reason is not None or self.calls <= self.warmup:
             return self._body()
@@ -106,7 +106,8 @@ class CudaGraphStep:
         return (o.flat_param, o.flat_exp_avg, o.flat_exp_avg_sq)
 
     def _capture_and_check(self):
-        cp, o = self.cp, self.opt
+        o = self.opt
+        xp = array_module(o.flat_param)
         before = [a.copy() for a in self._state()]
         step0 = o.step_count
         eager_loss = self._body().copy()
@@ -122,7 +123,7 @@ class CudaGraphStep:
             self._advance()
             differs = [name for name, a, b in zip(("loss", "weights", "exp_avg", "exp_avg_sq"),
                                                   (self._loss, *self._state()), (eager_loss, *eager))
-                       if not bool(cp.array_equal(a.view(np.uint32), b.view(np.uint32)))]
+                       if not bool(xp.array_equal(a.view(np.uint32), b.view(np.uint32)))]
             if differs:
                 self.reason = "the replayed graph differs from the eager step in " + ", ".join(differs)
         except Exception as e:  # noqa: BLE001 - whatever the capture meets, the step goes on eagerly
@@ -137,14 +138,6 @@ class CudaGraphStep:
 
     def _capture(self):
         """(the loss array the graph writes, the graph): the step recorded on a stream of its own,
-        its temporaries from a memory pool of its own."""
-        cp = self.cp
-        self._pool = cp.cuda.MemoryPool()
-        self._stream = cp.cuda.Stream(non_blocking=True)
-        with cp.cuda.using_allocator(self._pool.malloc), self._stream:
-            self._stream.begin_capture()
-            try:
-                loss = self._body()
-            finally:
-                graph = self._stream.end_capture()
+        its temporaries from a memory pool of its own (device.capture_graph)."""
+        loss, graph, self._keep = capture_graph(self._body)
         return loss, graph

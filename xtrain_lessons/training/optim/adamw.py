@@ -87,9 +87,11 @@ class AdamW(Optimizer):
         self.flat_grad = xp.zeros(total, dtype=dtype)
         self.flat_exp_avg = xp.zeros(total, dtype=dtype)
         self.flat_exp_avg_sq = xp.zeros(total, dtype=dtype)
-        self._layout, off = [], 0
+        self._layout, self._views, off = [], {}, 0
         for n, p, g in ordered:
             size, shape = int(p.data.size), p.data.shape
+            self._views[n] = (self.flat_exp_avg[off:off + size].reshape(shape),
+                              self.flat_exp_avg_sq[off:off + size].reshape(shape))
             view = self.flat_param[off:off + size].reshape(shape)
             view[...] = p.data
             p.data = view  # the parameter now lives in the flat buffer
@@ -98,6 +100,7 @@ class AdamW(Optimizer):
             off += size
         by_id = {id(p): p for _, p, _, _, _ in self._layout}
         self._norm_order = [by_id[id(p)] for p in given if id(p) in by_id] if given else [p for _, p, *_ in self._layout]
+        self._zeroed = set(self._views)  # parameters whose moment views are known to be zero
         self._factors = self.last_factors = None  # [norm, gradient factor, skip] on the device (clip_grad_norm)
         self._partials = xp.empty(opset.NORM_GRID, dtype=np.float64)  # the norm's scratch on a GPU
 
@@ -110,12 +113,26 @@ class AdamW(Optimizer):
             elif p.grad is not p.grad_buffer:
                 self.flat_grad[off:off + size] = p.grad.reshape(-1)
 
-    def _state_of(self, name: str, off: int, size: int, shape) -> dict:
+    def _state_of(self, name: str) -> dict:
+        """The state of parameter `name`, its moments views of the flat buffers. Moments set from
+        outside (`opt.state[name] = {"step": t, "exp_avg": m, ...}`) are copied into them first."""
+        m, v = self._views[name]
         st = self.state.get(name)
         if st is None:
-            st = self.state[name] = {"step": 0, "exp_avg": self.flat_exp_avg[off:off + size].reshape(shape),
-                                     "exp_avg_sq": self.flat_exp_avg_sq[off:off + size].reshape(shape)}
+            st = self.state[name] = {"step": 0, "exp_avg": m, "exp_avg_sq": v}
+        for slot, view in (("exp_avg", m), ("exp_avg_sq", v)):
+            if st.get(slot) is not view:
+                view[...] = st[slot] if st.get(slot) is not None else 0
+                st[slot] = view
         return st
+
+    def _fresh_moments(self, name: str) -> int:
+        """A parameter's first step: its moments zero (they are, unless a state was dropped)."""
+        if name not in self._zeroed:
+            for view in self._views[name]:
+                view[...] = 0
+        self._zeroed.discard(name)
+        return 1
 
     def step(self, lr: float | None = None, where=None, step_scalars=None) -> None:
         """One update of every parameter that has a gradient (others are skipped).
@@ -134,15 +151,15 @@ class AdamW(Optimizer):
         for name, p, g, off, size in self._layout:
             if p.grad is None:
                 continue
-            step = self.state[name]["step"] + 1 if name in self.state else 1
+            step = self._state_of(name)["step"] + 1 if name in self.state else self._fresh_moments(name)
             segments.append(opset.Segment(off, off + size, g["lr"], tuple(g["betas"]), g["eps"], g["weight_decay"], step))
-            taken.append((name, off, size, p.data.shape))
+            taken.append(name)
         factors, self._factors = self._factors, None
         if opset.adamw(self.flat_param, self.flat_grad, self.flat_exp_avg, self.flat_exp_avg_sq, segments, factors,
                        where, step_scalars, kernel=self._kernel):
             return  # skipped for fp16's overflow, known here: the step does not count (torch's GradScaler)
-        for name, off, size, shape in taken:
-            self._state_of(name, off, size, shape)["step"] += 1
+        for name in taken:
+            self._state_of(name)["step"] += 1
 
     def clip_grad_norm(self, max_norm: float, eps: float = 1e-6, scale_state=None):
         """The gradients' global L2 norm (a 0-d device array: inf/nan when one is not finite) and,
@@ -168,8 +185,8 @@ class AdamW(Optimizer):
 
     @step_count.setter
     def step_count(self, n: int) -> None:
-        for name, p, _, off, size in self._layout:
-            self._state_of(name, off, size, p.data.shape)["step"] = int(n)
+        for name, *_ in self._layout:
+            self._state_of(name)["step"] = int(n)
 
     def next_step_scalars(self) -> np.ndarray:
         """[decay, bc2_sqrt, neg_step] of the next step, as a float32 host array (what a replayed
@@ -184,10 +201,8 @@ class AdamW(Optimizer):
         loaded, self.state = self.state, {}
         self.flat_exp_avg[...] = 0
         self.flat_exp_avg_sq[...] = 0
-        for name, p, _, off, size in self._layout:
+        self._zeroed = set(self._views) - set(loaded)
+        for name, *_ in self._layout:
             if name in loaded:
-                st = self._state_of(name, off, size, p.data.shape)
-                st["step"] = loaded[name]["step"]
-                for slot in self.slots:
-                    if slot in loaded[name]:
-                        st[slot][...] = loaded[name][slot]
+                self.state[name] = loaded[name]
+                self._state_of(name)  # the moments into the flat buffers
