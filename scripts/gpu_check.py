@@ -22,7 +22,7 @@ and exits 1 when any check failed. The checks:
   profile     scripts/gpu_profile.py at the bench's shapes (--profile-dtypes): the step's wall time,
               the host's time to issue it, the GPU's busy time and the kernels that fill it
 
-`--stand-in` runs the same commands on the CPU with runtime/cupy_standin as CuPy (what CI can do): the
+`--stand-in` runs the same commands on the CPU with cupy_standin as CuPy (what CI can do): the
 notebooks, train and launch checks run; gpu-tests and bench are skipped (no GPU to measure).
 """
 
@@ -52,7 +52,7 @@ BENCH_SHAPES = {
 
 def env_for(device: str, stand_in: bool) -> dict:
     if stand_in:
-        from xtrain_lessons.runtime import cupy_standin  # noqa: PLC0415
+        from xtrain_lessons import cupy_standin  # noqa: PLC0415
 
         return cupy_standin.subprocess_env(device=device, kernels="reference")  # the row kernels' NumPy twins
     return {**os.environ, "XTRAIN_DEVICE": device}
@@ -251,7 +251,7 @@ def check_profile(args, work):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--stand-in", action="store_true", help="run on the CPU with the stand-in for CuPy (runtime/cupy_standin; CI)")
+    ap.add_argument("--stand-in", action="store_true", help="run on the CPU with the stand-in for CuPy (cupy_standin; CI)")
     ap.add_argument("--quick", action="store_true", help="fewer steps and notebooks, no benchmark")
     ap.add_argument("--only", default="", help=f"comma-separated subset of {','.join(CHECKS)}")
     ap.add_argument("--notebooks", default="",

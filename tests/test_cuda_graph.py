@@ -12,7 +12,8 @@ import pytest
 from xtrain_lessons.measure.bench import _batches
 from xtrain_lessons.model.qwen3 import PRESETS, Model
 from xtrain_lessons.runtime import cuda as cuda_kernels
-from xtrain_lessons.runtime import cupy_standin, device
+from xtrain_lessons import cupy_standin
+from xtrain_lessons.runtime import device
 from xtrain_lessons.training.cuda_graph import CudaGraphStep
 from xtrain_lessons.training.optim import AdamW
 

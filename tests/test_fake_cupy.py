@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from xtrain_lessons.runtime import cupy_standin as fake_cupy
+from xtrain_lessons import cupy_standin as fake_cupy
 from xtrain_lessons.runtime import blas, device
 from xtrain_lessons.runtime import cuda as cuda_kernels
 from xtrain_lessons.runtime.host import fused_rows
@@ -392,7 +392,7 @@ def test_the_stand_ins_cublas_checks_what_cublas_checks(gpu):
     import ml_dtypes  # noqa: PLC0415
 
     from xtrain_lessons.runtime import gpu_blas  # noqa: PLC0415
-    from xtrain_lessons.runtime.cupy_standin import cublas  # noqa: PLC0415
+    from xtrain_lessons.cupy_standin import cublas  # noqa: PLC0415
 
     a = gpu.zeros((2, 4, 4), ml_dtypes.bfloat16)
     one, zero = gpu_blas._ALPHA.ctypes.data, gpu_blas._BETA.ctypes.data

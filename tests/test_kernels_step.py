@@ -24,7 +24,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from xtrain_lessons.runtime import cupy_standin as fake_cupy
+from xtrain_lessons import cupy_standin as fake_cupy
 from xtrain_lessons.runtime import cuda as cuda_kernels
 from xtrain_lessons.runtime import device
 from xtrain_lessons.runtime.kernels import cross_entropy as ce
@@ -653,7 +653,7 @@ def test_non_contiguous_is_refused():
 # ------------------------------------------------------------------ launch discipline (the CuPy stand-in)
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    """`import cupy` gives the stand-in (runtime/cupy_standin) (the launchers take their GPU path on the emulator)."""
+    """`import cupy` gives the stand-in (cupy_standin) (the launchers take their GPU path on the emulator)."""
     before = fake_cupy.install()
     monkeypatch.setattr(device, "_gpu_ok", None)
     try:

@@ -1,4 +1,6 @@
-"""The package's layers: every import points down a layer (or within one), and none forms a cycle.
+"""The package's layers: every import points down a layer (or within one), and none forms a cycle;
+autograd/, model/ and training/ reach the runtime only through the op set, the device and the
+allocator, and ask no question about the device.
 
 The order is written once, in LAYERS. A module's layer is its top-level folder under
 xtrain_lessons/. Imports are read with `ast`, from the module top and from inside functions.
@@ -13,9 +15,12 @@ PACKAGE = "xtrain_lessons"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
 # rank of each layer: a module may import from layers of a lower rank, and within its own
-# layer; siblings of equal rank (interop, measure, course) may not import each other
-LAYERS = {"runtime": 0, "autograd": 1, "model": 2, "parallel": 3, "training": 4,
-          "interop": 5, "measure": 5, "course": 5, "cli": 6}
+# layer; siblings of equal rank (interop, measure, course) may not import each other. The CPU
+# stand-in for CuPy (cupy_standin) sits beside the runtime it imitates; only measure/, course/ and
+# cli/ may import it (test_only_the_tools_import_the_cupy_stand_in), and tests.
+LAYERS = {"runtime": 0, "cupy_standin": 1, "autograd": 2, "model": 3, "parallel": 4, "training": 5,
+          "interop": 6, "measure": 6, "course": 6, "cli": 7}
+STANDIN_USERS = ("measure", "course", "cli")
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -111,6 +116,12 @@ def test_every_import_points_down_a_layer():
 def test_no_import_cycle():
     cycle = find_cycle(import_graph(ROOT))
     assert cycle is None, " -> ".join(cycle)
+
+
+def test_only_the_tools_import_the_cupy_stand_in():
+    graph = import_graph(ROOT)
+    users = {mod for mod, deps in graph.items() if any(layer_of(d) == "cupy_standin" for d in deps)}
+    assert {m for m in users if layer_of(m) not in (*STANDIN_USERS, "cupy_standin")} == set()
 
 
 def test_every_module_sits_in_a_layer_folder():

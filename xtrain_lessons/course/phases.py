@@ -59,7 +59,7 @@ TABLE: list[Phase] = [
     Phase("T01", "devices_and_kernels", "Devices and the build chain",
           "host and device memory, NumPy vs CuPy, a vector-add CUDA C kernel on a GPU and on the CPU "
           "emulator, compile checks, timing with syncs",
-          ["runtime/device.py", "runtime/cuda/", "runtime/kernels/vector_add.py", "runtime/cupy_standin/"],
+          ["runtime/device.py", "runtime/cuda/", "runtime/kernels/vector_add.py", "cupy_standin/"],
           ["test_device.py", "test_cuda_emulator.py", "test_nvcc_compile.py", "test_nvrtc_compile.py",
            "test_emulator_features.py", "test_emulator_sanitizer.py", "test_fake_cupy.py",
            "test_gpu_path.py"],

@@ -98,7 +98,7 @@ xp = get_xp  # short alias: `xp()`
 def on_gpu(a) -> bool:
     """True when `a` is a CuPy array or the cupy module (checked without importing CuPy: if
     nothing imported it, nothing is a CuPy array). Whatever `import cupy` gives counts, so the
-    CPU stand-in for CuPy (runtime/cupy_standin) takes the GPU paths."""
+    CPU stand-in for CuPy (cupy_standin) takes the GPU paths."""
     cupy = sys.modules.get("cupy")
     return cupy is not None and (a is cupy or isinstance(a, cupy.ndarray))
 
