@@ -1,4 +1,4 @@
-"""The training step as a CUDA graph (training/cuda_graph.py). Without a GPU, on the stand-in for
+"""The training step as a CUDA graph (training/loop/cuda_graph.py). Without a GPU, on the stand-in for
 CuPy: the step records without a host copy or a host synchronisation (the stand-in refuses both
 during a capture, as CUDA does), the graph's step gives the eager step's bits (its AdamW reads lr
 and the bias corrections from the device), and a step that cannot be captured falls back to the
@@ -14,7 +14,7 @@ from xtrain_lessons.model.qwen3 import PRESETS, Model
 from xtrain_lessons.runtime import cuda as cuda_kernels
 from xtrain_lessons import cupy_standin
 from xtrain_lessons.runtime import device
-from xtrain_lessons.training.cuda_graph import CudaGraphStep
+from xtrain_lessons.training.loop.cuda_graph import CudaGraphStep
 from xtrain_lessons.training.optim import AdamW
 
 

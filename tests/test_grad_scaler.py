@@ -151,7 +151,7 @@ def test_overflowing_steps_are_skipped_and_the_scale_backs_off(corpus, tmp_path,
         return real_clip(self, max_norm, eps, scale_state)
 
     monkeypatch.setattr(AdamW, "clip_grad_norm", counting)
-    monkeypatch.setattr(loop, "GradScaler", partial(GradScaler, init_scale=2.0 ** 24))
+    monkeypatch.setattr(loop.trainer, "GradScaler", partial(GradScaler, init_scale=2.0 ** 24))
     cfg = TrainConfig(**{**SMALL, "preset": "test", "model": {}}, steps=12, accum_steps=2, dtype="fp16",
                       data=str(corpus), out=str(tmp_path / "run"))
     r = loop.train(cfg, progress=False, log=lambda s: None)
@@ -224,7 +224,7 @@ def test_step_unscales_first_when_unscale_was_not_called():
 def test_fp16_resume_is_exact_and_keeps_the_scale(corpus, tmp_path, monkeypatch):
     """The scaler's state (scale, clean-step count, skips) is in the checkpoint: k steps, stop,
     resume to N equals N straight, skipped steps and scales included."""
-    monkeypatch.setattr(loop, "GradScaler", partial(GradScaler, init_scale=2.0 ** 22, growth_interval=3))
+    monkeypatch.setattr(loop.trainer, "GradScaler", partial(GradScaler, init_scale=2.0 ** 22, growth_interval=3))
     cfg = TrainConfig(**{**SMALL, "preset": "test", "model": {}}, steps=8, dtype="fp16", data=str(corpus))
     a = loop.train(cfg.replace(out=str(tmp_path / "a")), progress=False, log=lambda s: None)
     loop.train(cfg.replace(out=str(tmp_path / "b")), stop_at=4, progress=False, log=lambda s: None)

@@ -35,7 +35,7 @@ import numpy as np
 from xtrain_lessons.measure.bench import _batches, parse_against, train_flops_per_token
 from xtrain_lessons.model.qwen3 import PRESETS, Model
 from xtrain_lessons.runtime.device import Timer, describe, get_xp, synchronize
-from xtrain_lessons.training.cuda_graph import CudaGraphStep
+from xtrain_lessons.training.loop.cuda_graph import CudaGraphStep
 from xtrain_lessons.training.optim import AdamW
 from xtrain_lessons.training.optim.grad_scaler import GradScaler
 
@@ -67,7 +67,7 @@ def gpu_matmul_peak(dtype: str = "float32", n: int = 8192, reps: int = 5) -> flo
 def engine_stepper_gpu(config, dtype: str = "float32", seed: int = 0, graph: bool = False):
     """(step(batch) -> (loss, seconds), initial state_dict): the training loop's GPU step (see the
     module doc); the loss stays a device value. graph: the same step captured as a CUDA graph and
-    replayed (training/cuda_graph.py; float32 and bf16), `step.graph_step` says whether it was."""
+    replayed (training/loop/cuda_graph.py; float32 and bf16), `step.graph_step` says whether it was."""
     model = Model(config, seed=seed)
     init = model.state_dict()
     model.to("cuda")

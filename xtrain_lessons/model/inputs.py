@@ -8,7 +8,7 @@
 A bad token id would silently wrap around (NumPy indexing) or read out of bounds (a GPU gather), so
 the model checks ids and targets where they are cheap to read: on the host, before the copy. Ids
 already on a device are copied back for the check (one synchronisation); `HostChecked` says it was
-done before they were copied, which a step captured as a CUDA graph needs (training/cuda_graph.py:
+done before they were copied, which a step captured as a CUDA graph needs (training/loop/cuda_graph.py:
 a capture cannot wait for the GPU).
 """
 

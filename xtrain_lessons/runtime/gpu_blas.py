@@ -8,7 +8,7 @@ default), the result in the operands' dtype or in a float32 `out`. bf16 and fp16
 cores (an 8192^3 bf16 product ran at 774 TFLOP/s on an H100). Two reasons not to leave them to
 `cupy.matmul`: CuPy 14.2 has no stacked bf16 product (its batched path takes bf16 for an integer
 type: `TypeError: data type 'E' not understood`, seen on the H100), and CuPy's binding refuses any
-cuBLAS call while a CUDA graph is being captured (training/cuda_graph.py), so the call goes through
+cuBLAS call while a CUDA graph is being captured (training/loop/cuda_graph.py), so the call goes through
 runtime/cublas_direct.py (cuBLAS's own entry point, which graphs can record), or through CuPy's
 binding where that library cannot be found.
 

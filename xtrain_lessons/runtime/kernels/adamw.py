@@ -17,7 +17,7 @@ The GPU engine's step (T07) reads grad_norm.global_norm_and_clip's result on the
         adamw_scaled_reference(...) = adamw_reference after g *= factors[1], nothing when
         factors[2] != 0.
 
-A step captured in a CUDA graph (training/cuda_graph.py) replays its kernels' arguments as they
+A step captured in a CUDA graph (training/loop/cuda_graph.py) replays its kernels' arguments as they
 were at the capture, so the scalars that change every step live in device memory instead:
 
     adamw_flat_graphed(p, g, m, v, factors, step_scalars, betas, eps, n_decay)
