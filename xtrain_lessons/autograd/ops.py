@@ -4,6 +4,8 @@ Every op is ONE graph node made with `tensor.make_node`, including the fused one
 (`rmsnorm`, `softmax`, `log_softmax`, `logsumexp`, `cross_entropy`,
 `scaled_dot_product_attention`), whose backward is derived by hand instead of being
 composed from smaller ops: fewer nodes, fewer temporaries, one pass where it can be.
+This module holds the elementwise ops, the reductions and matmul, and is the one namespace of
+all of them: the shape ops live in autograd/shape.py, the fused ones in autograd/fused.py.
 
 Array code is written against the array module of the data (`xp`: NumPy or CuPy), and
 keeps the input dtype (float32 stays float32; float64 only if the input is float64).
@@ -49,10 +51,13 @@ import operator
 
 import numpy as np
 
+from xtrain_lessons.autograd.fused import (cross_entropy, embedding, log_softmax, rmsnorm,
+                                           scaled_dot_product_attention, softmax)
+from xtrain_lessons.autograd.shape import (broadcast_to, cat, concatenate, getitem, permute, reshape, split, stack,
+                                           swapaxes, transpose)
 from xtrain_lessons.autograd.tensor import Tensor, as_tensor, make_node
-from xtrain_lessons.runtime.allocator import empty as _empty  # np.empty, or the engine allocator's (T11)
-from xtrain_lessons.runtime.device import array_module, scatter_add, to_host
 from xtrain_lessons.runtime import opset
+from xtrain_lessons.runtime.device import array_module
 
 __all__ = [
     "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sqrt", "sigmoid", "silu",
@@ -96,13 +101,6 @@ def _axes(axis, ndim):
             raise ValueError(f"axis {a} is out of range for a tensor with {ndim} dims")
         out.append(a % builtins.max(ndim, 1))
     return tuple(sorted(out))
-
-
-def _shape_arg(shape):
-    """Accept reshape(x, 2, 3) and reshape(x, (2, 3))."""
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        return tuple(shape[0])
-    return tuple(shape)
 
 
 # ----------------------------------------------------------------------------------------
@@ -376,302 +374,6 @@ def matmul(a, b) -> Tensor:
         return ga, gb
 
     return make_node(out, (a, b), backward, "matmul", unbroadcast=True)
-
-
-# ----------------------------------------------------------------------------------------
-# shape ops
-
-
-def reshape(x, *shape) -> Tensor:
-    x = as_tensor(x)
-    shape = _shape_arg(shape)
-    try:
-        out = x.data.reshape(shape)
-    except ValueError:
-        raise ValueError(f"reshape: cannot reshape {x.shape} (size {x.size}) "
-                         f"into {shape}") from None
-    return make_node(out, (x,), lambda g: (g.reshape(x.shape),), "reshape")
-
-
-def transpose(x, *axes) -> Tensor:
-    """Permute the axes (all reversed when none are given, like NumPy)."""
-    x = as_tensor(x)
-    axes = _shape_arg(axes) or tuple(reversed(range(x.ndim)))
-    if sorted(a % builtins.max(x.ndim, 1) for a in axes) != list(range(x.ndim)):
-        raise ValueError(f"transpose: axes {axes} are not a permutation for shape {x.shape}")
-    out = x.data.transpose(axes)
-    inverse = tuple(np.argsort([a % x.ndim for a in axes]))
-    return make_node(out, (x,), lambda g: (g.transpose(inverse),), "transpose")
-
-
-permute = transpose
-
-
-def swapaxes(x, axis1, axis2) -> Tensor:
-    x = as_tensor(x)
-    out = x.data.swapaxes(axis1, axis2)
-    return make_node(out, (x,), lambda g: (g.swapaxes(axis1, axis2),), "swapaxes")
-
-
-def broadcast_to(x, shape) -> Tensor:
-    """A broadcast (read-only) view; the gradient is summed back over the broadcast axes."""
-    x = as_tensor(x)
-    shape = tuple(shape)
-    try:
-        out = array_module(x.data).broadcast_to(x.data, shape)
-    except ValueError:
-        raise ValueError(f"broadcast_to: cannot broadcast {x.shape} to {shape}") from None
-    return make_node(out, (x,), lambda g: (g,), "broadcast_to", unbroadcast=True)
-
-
-def _unwrap_index(idx):
-    if isinstance(idx, Tensor):
-        return idx.data
-    if isinstance(idx, tuple):
-        return tuple(i.data if isinstance(i, Tensor) else i for i in idx)
-    return idx
-
-
-def _is_advanced(idx):
-    """Does `idx` contain an array or list (NumPy advanced indexing: positions may repeat)?"""
-    items = idx if isinstance(idx, tuple) else (idx,)
-    return builtins.any(isinstance(i, list) or (hasattr(i, "ndim") and i.ndim > 0) for i in items)
-
-
-def getitem(x, idx) -> Tensor:
-    """x[idx]. Backward scatters into zeros: assignment for slices (positions are unique),
-    `add.at` for integer arrays (the same row may be picked twice: contributions add)."""
-    x = as_tensor(x)
-    idx = _unwrap_index(idx)
-    out = x.data[idx]
-    advanced = _is_advanced(idx)
-
-    def backward(g):
-        xp = array_module(g)
-        gx = xp.zeros(x.shape, dtype=g.dtype)
-        if advanced:
-            scatter_add(gx, idx, g)
-        else:
-            gx[idx] = g
-        return (gx,)
-
-    return make_node(out, (x,), backward, "getitem")
-
-
-def cat(tensors, axis=0) -> Tensor:
-    """Concatenate along `axis`; backward hands each input its slice of the gradient."""
-    tensors = [as_tensor(t) for t in tensors]
-    xp = array_module(tensors[0].data)
-    try:
-        out = xp.concatenate([t.data for t in tensors], axis=axis)
-    except ValueError:
-        raise ValueError(f"cat: shapes {[t.shape for t in tensors]} do not match "
-                         f"outside axis {axis}") from None
-    ax = axis % out.ndim
-    bounds = np.cumsum([t.shape[ax] for t in tensors])[:-1].tolist()
-
-    def backward(g):
-        return tuple(xp.split(g, bounds, axis=ax))
-
-    return make_node(out, tensors, backward, "cat")
-
-
-concatenate = cat
-
-
-def stack(tensors, axis=0) -> Tensor:
-    tensors = [as_tensor(t) for t in tensors]
-    xp = array_module(tensors[0].data)
-    shapes = {t.shape for t in tensors}
-    if len(shapes) != 1:
-        raise ValueError(f"stack: all shapes must be equal, got {[t.shape for t in tensors]}")
-    out = xp.stack([t.data for t in tensors], axis=axis)
-    ax = axis % out.ndim
-
-    def backward(g):
-        return tuple(xp.moveaxis(g, ax, 0))
-
-    return make_node(out, tensors, backward, "stack")
-
-
-def split(x, split_size_or_sections, axis=0) -> list:
-    """torch.split: an int is the size of each chunk (the last may be smaller), a list the
-    sizes. Each chunk is a view node whose backward places its gradient in a zero array."""
-    x = as_tensor(x)
-    ax = axis % x.ndim
-    n = x.shape[ax]
-    if isinstance(split_size_or_sections, int):
-        step = split_size_or_sections
-        sizes = [builtins.min(step, n - i) for i in range(0, n, step)]
-    else:
-        sizes = list(split_size_or_sections)
-        if builtins.sum(sizes) != n:
-            raise ValueError(f"split: sizes {sizes} do not sum to {n} (axis {axis} of {x.shape})")
-    outs, start = [], 0
-    for size in sizes:
-        idx = (slice(None),) * ax + (slice(start, start + size),)
-        outs.append(getitem(x, idx))
-        start += size
-    return outs
-
-
-# ----------------------------------------------------------------------------------------
-# fused ops
-
-
-def softmax(x, axis=-1) -> Tensor:
-    """exp(x - max) / sum, one node. Backward: y * (g - sum(g * y)) along `axis`."""
-    x = as_tensor(x)
-    xp = array_module(x.data)
-    y = x.data - x.data.max(axis=axis, keepdims=True)
-    xp.exp(y, out=y)
-    y /= y.sum(axis=axis, keepdims=True)
-
-    def backward(g):
-        gx = g * y
-        gx -= y * gx.sum(axis=axis, keepdims=True)
-        return (gx,)
-
-    return make_node(y, (x,), backward, "softmax")
-
-
-def log_softmax(x, axis=-1) -> Tensor:
-    """x - logsumexp(x), one node. Backward: g - softmax(x) * sum(g)."""
-    x = as_tensor(x)
-    xp = array_module(x.data)
-    y = x.data - x.data.max(axis=axis, keepdims=True)
-    y -= xp.log(xp.exp(y).sum(axis=axis, keepdims=True))
-
-    def backward(g):
-        return (g - xp.exp(y) * g.sum(axis=axis, keepdims=True),)
-
-    return make_node(y, (x,), backward, "log_softmax")
-
-
-def rmsnorm(x, weight=None, eps=1e-6, out_dtype=None) -> Tensor:
-    """RMSNorm over the last axis, one node: y = x * r * w with r = 1/sqrt(mean(x^2) + eps).
-
-    Backward, with xhat = x * r and gh = g * w:
-        dw = sum over rows of g * xhat
-        dx = r * (gh - xhat * mean(gh * xhat))
-    `out_dtype` (bf16/fp16 compute): y and the saved xhat in that storage dtype from a float32 x
-    (float32 statistics inside); r stays float32.
-    """
-    x = as_tensor(x)
-    xp = array_module(x.data)
-    D = x.shape[-1]
-    if weight is not None:
-        weight = as_tensor(weight)
-        if weight.shape != (D,):
-            raise ValueError(f"rmsnorm: weight shape {weight.shape} does not match the last "
-                             f"dimension of x {x.shape}")
-    x2 = x.data.reshape(-1, D)  # (N, D)
-    w = weight.data if weight is not None else None
-    y_dtype = np.dtype(out_dtype) if out_dtype is not None else x2.dtype
-    r_dtype = np.float32 if x2.dtype.itemsize < 4 else x2.dtype  # bf16 / fp16 storage: float32 statistics
-    xhat, r = _empty(x2.shape, y_dtype, x2), xp.empty((x2.shape[0], 1), dtype=r_dtype)
-    out = _empty(x2.shape, y_dtype, x2) if w is not None else xhat
-    opset.rmsnorm_fwd(x2, w, xhat, out, r, eps)
-
-    def backward(g):
-        gx = _empty(x2.shape, x2.dtype, x2) if x.requires_grad else None
-        gw = opset.rmsnorm_bwd(g.reshape(-1, D), xhat, w, r, gx, weight is not None and weight.requires_grad)
-        gx = gx.reshape(x.shape) if gx is not None else None
-        return (gx, gw) if weight is not None else (gx,)
-
-    parents = (x, weight) if weight is not None else (x,)
-    return make_node(out.reshape(x.shape), parents, backward, "rmsnorm")
-
-
-def embedding(weight, ids, checked: bool = False) -> Tensor:
-    """weight (V, D) gathered at integer ids (...) -> (..., D).
-
-    Backward scatter-adds the rows of the gradient into a (V, D) zero array: a token
-    that appears several times receives the sum of its rows. NumPy would silently wrap a
-    negative id around: ids are checked on the host (free for host ids; ids already on a GPU
-    are copied there), unless `checked` says that was done before they were copied.
-    """
-    weight = as_tensor(weight)
-    ids = ids.data if isinstance(ids, Tensor) else ids
-    if weight.ndim != 2:
-        raise ValueError(f"embedding: weight must be (V, D), got {weight.shape}")
-    if not checked:
-        host = to_host(ids)
-        if host.dtype.kind not in "iu":
-            raise TypeError(f"embedding: ids must be integers, got {host.dtype}")
-        if host.size and (int(host.min()) < 0 or int(host.max()) >= weight.shape[0]):
-            raise ValueError(f"embedding: ids must lie in [0, {weight.shape[0]}), got "
-                             f"min {int(host.min())}, max {int(host.max())}")
-    ids = array_module(weight.data).asarray(ids)
-    out = weight.data[ids]  # (..., D)
-
-    def backward(g):
-        return (opset.embedding_bwd(ids.reshape(-1), g.reshape(-1, weight.shape[1]), weight.shape[0]),)
-
-    return make_node(out, (weight,), backward, "embedding")
-
-
-def cross_entropy(logits, targets, ignore_index=-100) -> Tensor:
-    """Mean over non-ignored positions of -log softmax(logits)[target], one node.
-
-    logits (..., V), targets int (...). Forward keeps exp(logits - max) and its row sums for
-    backward: d loss / d logits = (softmax - onehot(target)) / n_valid.
-    If every target is ignored the loss is nan (0/0), as in torch.
-    """
-    logits = as_tensor(logits)
-    V = logits.shape[-1]
-    t, n_valid = opset.check_targets(targets.data if isinstance(targets, Tensor) else targets,
-                                     logits.shape[:-1], V, ignore_index)
-    loss, saved = opset.cross_entropy_fwd(logits.data.reshape(-1, V), t, n_valid, ignore_index)
-    return make_node(loss, (logits,), lambda g: (opset.cross_entropy_bwd(g, saved).reshape(logits.shape),),
-                     "cross_entropy")
-
-
-def scaled_dot_product_attention(q, k, v, causal=False, scale=None, mask=None) -> Tensor:
-    """softmax(q k^T * scale [+ mask]) v as one node.
-
-    q (..., Tq, D), k (..., Tk, D), v (..., Tk, Dv) -> (..., Tq, Dv). `causal` lets query i
-    attend to keys j <= i; `mask` is boolean, True where attending is allowed. The
-    attention probabilities P (..., Tq, Tk) are kept for backward:
-        dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dP * P)),
-        dQ = dS K * scale,  dK = dS^T Q * scale.
-    """
-    q, k, v = as_tensor(q), as_tensor(k), as_tensor(v)
-    xp = array_module(q.data)
-    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"scaled_dot_product_attention: shapes q {q.shape}, k {k.shape}, "
-                         f"v {v.shape} do not match")
-    Tq, Tk = q.shape[-2], k.shape[-2]
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    s = opset.matmul(q.data, k.data.swapaxes(-1, -2))  # (..., Tq, Tk)
-    s *= s.dtype.type(scale)
-    allowed = None
-    if causal:
-        allowed = xp.tril(xp.ones((Tq, Tk), dtype=bool))
-    if mask is not None:
-        mask = mask.data if isinstance(mask, Tensor) else xp.asarray(mask)
-        allowed = mask if allowed is None else (allowed & mask)
-    if allowed is not None:
-        s = xp.where(allowed, s, s.dtype.type(-np.inf))
-    # softmax over the keys, in place
-    s -= s.max(axis=-1, keepdims=True)
-    xp.exp(s, out=s)
-    s /= s.sum(axis=-1, keepdims=True)
-    p = s  # (..., Tq, Tk)
-    out = opset.matmul(p, v.data)  # (..., Tq, Dv)
-
-    def backward(g):  # g: (..., Tq, Dv)
-        gv = opset.matmul(p.swapaxes(-1, -2), g) if v.requires_grad else None  # (..., Tk, Dv)
-        ds = opset.matmul(g, v.data.swapaxes(-1, -2))  # dP (..., Tq, Tk)
-        ds -= (ds * p).sum(axis=-1, keepdims=True)
-        ds *= p
-        ds *= ds.dtype.type(scale)
-        gq = opset.matmul(ds, k.data) if q.requires_grad else None  # (..., Tq, D)
-        gk = opset.matmul(ds.swapaxes(-1, -2), q.data) if k.requires_grad else None  # (..., Tk, D)
-        return gq, gk, gv
-
-    return make_node(out, (q, k, v), backward, "sdpa", unbroadcast=True)
 
 
 # ----------------------------------------------------------------------------------------

@@ -77,7 +77,7 @@ TABLE: list[Phase] = [
     Phase("T04", "autograd", "Tape autograd",
           "a Tensor that records a tape, topological backward, fan-out accumulation, op backwards, "
           "gradcheck, agreement with torch.autograd",
-          ["autograd/tensor.py", "autograd/ops.py", "autograd/gradcheck.py"],
+          ["autograd/tensor.py", "autograd/ops.py", "autograd/shape.py", "autograd/fused.py", "autograd/gradcheck.py"],
           ["test_autograd.py", "test_gradcheck.py", "test_ops_torch_parity.py"], core=True),
     Phase("T05", "transformer", "A tiny Qwen3-style transformer",
           "RMSNorm, RoPE, causal attention step by step, SwiGLU, the block, cross-entropy; PyTorch "

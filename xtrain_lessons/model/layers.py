@@ -1,22 +1,21 @@
-"""Fused layer ops of the transformer (phase T05): each is ONE graph node with a
-hand-written backward, made with `tensor.make_node`.
+"""The layers of the transformer (phase T05), each ONE graph node: the forward as the math says
+it, and a hand-written backward (made with `tensor.make_node`).
 
-Composing attention from small ops (transpose, matmul, mask, softmax, matmul) works, but
-every small op is a Python-level node and a temporary array; on 2 CPU cores the fused
-versions below are what makes a few-million-parameter model train in minutes.
+    linear(x, w)                  y = x @ w.T, w in the (out, in) layout of torch / Hugging Face
+    linear_cross_entropy(x, w, t) cross_entropy(linear(x, w), t) with the (N, V) logits kept once
+    rope(x, cos, sin)             rotary position embedding, rotate-half convention
+    causal_attention(q, k, v)     softmax(q k^T / sqrt(D) + causal mask) v, grouped-query
+    square_attention(q, k, v)     the same over the whole (T, T) square (T05's, T14's baseline)
+    swiglu(gate, up)              silu(gate) * up
+    rope_tables(T, D, theta)      the cos / sin tables RoPE reads
+    attention_fwd(q, k, v)        composed attention on arrays: (out, P)
 
-    linear(x, w)                 x @ w.T, w in the (out, in) layout of torch / Hugging Face
-    linear_cross_entropy(x, w, t) cross_entropy(linear(x, w), t), fused on row chunks
-    rope(x, cos, sin)            rotary position embedding, rotate-half convention
-    causal_attention(q, k, v)    softmax(q k^T / sqrt(D) + causal mask) v, grouped-query, by
-                                 blocks of queries (runtime/opset/attention.py; C++ on float32)
-    square_attention(q, k, v)    the same over the whole (T, T) square, in NumPy (T05's, T14's baseline)
-    swiglu(gate, up)             silu(gate) * up
-    rope_tables(T, D, theta)     the cos / sin tables RoPE reads
+Composing attention from small ops (transpose, matmul, mask, softmax, matmul) works, but every
+small op is a Python-level node and a temporary array; one node per layer, its arrays computed
+by the op set (runtime/opset: a CUDA kernel on a GPU, C++ rows and BLAS on the CPU, NumPy where
+no kernel applies), is what makes a few-million-parameter model train in minutes on 2 cores.
 
 Shapes: B batch, T time (positions), H query heads, Hkv key/value heads, D head_dim.
-Every function works on NumPy or CuPy data (the array module is taken from the input).
-The pure-array forward functions (`*_fwd`) are shared with the no-grad decoding path.
 """
 
 from __future__ import annotations
@@ -26,9 +25,9 @@ import math
 import numpy as np
 
 from xtrain_lessons.autograd.tensor import Tensor, make_node
-from xtrain_lessons.runtime.allocator import empty  # np.empty, or the engine allocator's (T11)
 from xtrain_lessons.model.inputs import host_targets
 from xtrain_lessons.runtime import opset
+from xtrain_lessons.runtime.allocator import empty  # np.empty, or the engine allocator's (T11)
 from xtrain_lessons.runtime.device import array_module
 
 __all__ = ["linear", "linear_cross_entropy", "rope", "causal_attention", "square_attention", "swiglu",
@@ -105,13 +104,6 @@ def rotate_half(x):
     xp = array_module(x)
     h = x.shape[-1] // 2
     return xp.concatenate([-x[..., h:], x[..., :h]], axis=-1)
-
-
-def _rotate_half_T(y):
-    """The transpose of rotate_half: [y1, y2] -> [y2, -y1]."""
-    xp = array_module(y)
-    h = y.shape[-1] // 2
-    return xp.concatenate([y[..., h:], -y[..., :h]], axis=-1)
 
 
 def rope(x: Tensor, cos, sin) -> Tensor:
