@@ -109,7 +109,7 @@ TABLE: list[Phase] = [
            "runtime/kernels/cross_entropy.py", "runtime/kernels/residual.py", "runtime/kernels/grad_norm.py",
            "model/inputs.py", "measure/bench_gpu.py", "measure/device_calls.py", "training/loop/cuda_graph.py",
            "runtime/cublas_direct.py"],
-          ["test_cpu_threads.py", "test_blas.py", "test_fused_rows.py", "test_profiler.py",
+          ["test_cpu_threads.py", "test_blas.py", "test_fused_rows.py", "test_opset.py", "test_profiler.py",
            "test_kernels_adamw.py", "test_kernels_step.py", "test_gpu_engine.py", "test_cuda_graph.py"],
           reference="~3×, 2.7K → 8.5K tok/s"),
     Phase("T08", "data_parallel", "Data parallelism",

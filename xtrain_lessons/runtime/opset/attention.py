@@ -70,7 +70,7 @@ def _heads(x5, lo, hi, a, b):
 
 
 @op("attention", cpu="host/fused_rows.cpp: causal_softmax_fwd", gpu="kernels/softmax.cu: causal_softmax_fwd",
-    reference="opset/attention.py: _causal_softmax_rows", test="test_fused_rows.py")
+    reference="opset/attention.py: _causal_softmax_rows", test="test_fused_rows.py, test_kernels_step.py")
 def causal_softmax_fwd(s, rows_q: int, scale) -> None:
     """In place: the causal softmax of s * scale (0 where masked) for s (..., R, n_k), row r being
     query r % rows_q of a block whose last query sees all n_k keys."""
@@ -95,7 +95,7 @@ def _causal_softmax_rows(s, rows_q: int, scale) -> None:
 
 
 @op("attention", cpu="host/fused_rows.cpp: causal_softmax_bwd", gpu="kernels/softmax.cu: causal_softmax_bwd",
-    reference="opset/attention.py: causal_softmax_bwd", test="test_fused_rows.py")
+    reference="opset/attention.py: causal_softmax_bwd", test="test_fused_rows.py, test_kernels_step.py")
 def causal_softmax_bwd(p, ds, rows_q: int, scale) -> None:
     """In place over ds = dP: dS = P * (dP - rowsum(dP * P)) * scale."""
     if dispatch.gpu(p, ds):
@@ -107,7 +107,7 @@ def causal_softmax_bwd(p, ds, rows_q: int, scale) -> None:
 
 
 @op("attention", cpu="host/fused_rows.cpp: attention_fwd", gpu="kernels/softmax.cu: causal_softmax_fwd + cuBLAS",
-    reference="opset/attention.py: causal_attention_fwd", test="test_fused_rows.py")
+    reference="opset/attention.py: causal_attention_fwd", test="test_fused_rows.py, test_kernels_step.py")
 def causal_attention_fwd(q, k, v, block: int | None = None, reference: bool = False):
     """(out (B, Tq, H, D), saved) for arrays q (B, Tq, H, D), k, v (B, Tk, Hkv, D) with Tk >= Tq:
     the queries are the LAST Tq positions. `block`: query rows per block (default query_blocks')."""
@@ -144,7 +144,7 @@ def causal_attention_fwd(q, k, v, block: int | None = None, reference: bool = Fa
 
 
 @op("attention", cpu="host/fused_rows.cpp: attention_bwd", gpu="kernels/softmax.cu: causal_softmax_bwd + cuBLAS",
-    reference="opset/attention.py: causal_attention_bwd", test="test_fused_rows.py")
+    reference="opset/attention.py: causal_attention_bwd", test="test_fused_rows.py, test_kernels_step.py")
 def causal_attention_bwd(q, k, v, g, saved, reference: bool = False):
     """(dq, dk, dv) for the upstream gradient g (B, Tq, H, D) of causal_attention_fwd's output."""
     blocks, probs = saved

@@ -26,7 +26,7 @@ __all__ = ["matmul", "matmuls"]
 
 
 @op("products", cpu="cpu_threads.py: matmuls → blas.py: gemm", gpu="gpu_blas.py: matmul", reference="np.matmul",
-    test="test_cpu_threads.py")
+    test="test_cpu_threads.py, test_blas.py, test_fake_cupy.py")
 def matmul(a, b, out=None):
     """a @ b (see the module doc); `out` receives the result."""
     if on_gpu(a):
@@ -37,7 +37,7 @@ def matmul(a, b, out=None):
 
 
 @op("products", cpu="cpu_threads.py: matmuls", gpu="gpu_blas.py: matmul", reference="np.matmul",
-    test="test_cpu_threads.py")
+    test="test_cpu_threads.py, test_fake_cupy.py")
 def matmuls(*pairs, outs=None):
     """[a @ b for a, b in pairs] of 2-D products, in ONE hand-over to the CPU's threads (on a GPU,
     one GEMM each)."""

@@ -40,7 +40,7 @@ __all__ = ["rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd", "rope", "ad
 
 # ----- RMSNorm
 @op("rows", cpu="host/fused_rows.cpp: rmsnorm_fwd", gpu="kernels/rmsnorm.cu: rmsnorm_fwd",
-    reference="opset/rows.py: _rmsnorm_fwd_rows", test="test_fused_rows.py")
+    reference="opset/rows.py: _rmsnorm_fwd_rows", test="test_fused_rows.py, test_kernels_step.py")
 def rmsnorm_fwd(x, w, xhat, out, r, eps) -> None:
     """x (N, D) -> xhat = x / rms(x), out = xhat * w (w None: out is xhat, not written again), r (N, 1)
     = 1 / rms. xhat and out may be bf16/fp16 storage on a GPU (float32 statistics inside)."""
@@ -74,7 +74,7 @@ def _rmsnorm_fwd_rows(x, w, xhat, out, r, eps) -> None:
 
 
 @op("rows", cpu="host/fused_rows.cpp: rmsnorm_bwd", gpu="kernels/rmsnorm.cu: rmsnorm_bwd",
-    reference="opset/rows.py: _rmsnorm_bwd_rows", test="test_fused_rows.py")
+    reference="opset/rows.py: _rmsnorm_bwd_rows", test="test_fused_rows.py, test_kernels_step.py")
 def rmsnorm_bwd(g, xhat, w, r, gx, want_gw: bool):
     """Writes gx (N, D) = r * (g*w - xhat * mean(g*w * xhat)) (gx None: not wanted); returns dw (D,)
     = the sum over rows of g * xhat (float32 from a kernel), or None. The sum adds fixed blocks of
@@ -133,7 +133,7 @@ def _sigmoid(x):
 
 
 @op("rows", cpu="host/fused_rows.cpp: swiglu_fwd", gpu="kernels/swiglu.cu: swiglu_fwd",
-    reference="opset/rows.py: _swiglu_fwd_rows", test="test_fused_rows.py")
+    reference="opset/rows.py: _swiglu_fwd_rows", test="test_fused_rows.py, test_kernels_step.py")
 def swiglu_fwd(a, u, out) -> None:
     """out = silu(a) * u = a * sigmoid(a) * u, for (N, F) arrays."""
     if dispatch.gpu(a, u, out):
@@ -159,7 +159,7 @@ def _swiglu_fwd_rows(a2, u2, out) -> None:
 
 
 @op("rows", cpu="host/fused_rows.cpp: swiglu_bwd", gpu="kernels/swiglu.cu: swiglu_bwd",
-    reference="opset/rows.py: _swiglu_bwd_rows", test="test_fused_rows.py")
+    reference="opset/rows.py: _swiglu_bwd_rows", test="test_fused_rows.py, test_kernels_step.py")
 def swiglu_bwd(a, u, g, da, du) -> None:
     """da = g * u * sig * (1 + a * (1 - sig)), du = g * silu(a), sigmoid recomputed from a."""
     if dispatch.gpu(a, u, g, da, du):
@@ -195,7 +195,7 @@ def _swiglu_bwd_rows(a2, u2, g2, dgate, dup) -> None:
 
 # ----- RoPE
 @op("rows", cpu="host/fused_rows.cpp: rope", gpu="kernels/rope.cu: rope", reference="opset/rows.py: _rope_rows",
-    test="test_fused_rows.py")
+    test="test_fused_rows.py, test_kernels_step.py")
 def rope(x, cos, sin, sign: float = 1.0):
     """x (B, T, H, D) rotated: x * cos + rotate_half(x) * sin * sign, tables (T, D); a new array."""
     if dispatch.gpu(x, cos, sin):
@@ -237,7 +237,7 @@ def _rope_rows(x, cos, sin, sign):
 
 # ----- the residual add
 @op("rows", cpu="host/fused_rows.cpp: add", gpu="kernels/residual.cu: add", reference="a + b",
-    test="test_fused_rows.py")
+    test="test_fused_rows.py, test_kernels_step.py")
 def add(a, b, out=None):
     """a + b (NumPy's broadcasting); `out` may be a or b. Same-shaped arrays: one GPU launch, or on
     the CPU the pool's threads when large enough to pay for the hand-over (the same bits as NumPy)."""
@@ -260,7 +260,7 @@ def add(a, b, out=None):
 
 # ----- the softmax rows of a cross-entropy
 @op("rows", cpu="host/fused_rows.cpp: softmax_exp_rows", gpu="kernels/softmax.cu: softmax_exp_rows",
-    reference="opset/rows.py: _softmax_block", test="test_fused_rows.py")
+    reference="opset/rows.py: _softmax_block", test="test_fused_rows.py, test_kernels_step.py")
 def softmax_rows(x, e, s, lse) -> None:
     """x (N, V) -> e = exp(x - rowmax) (e may be x itself: in place), s (N, 1) its row sums, lse (N, 1)
     the log-sum-exp."""
@@ -288,7 +288,7 @@ def _softmax_block(xb, eb, sb, lseb) -> None:
 
 
 @op("rows", cpu="host/fused_rows.cpp: scale_rows", gpu="kernels/softmax.cu: scale_rows",
-    reference="opset/rows.py: scale_rows", test="test_fused_rows.py")
+    reference="opset/rows.py: scale_rows", test="test_fused_rows.py, test_kernels_step.py")
 def scale_rows(x, f, out=None) -> None:
     """out[r, :] = x[r, :] * f[r] for x (N, V), f (N, 1); in place when out is None (the kernels work
     in place only)."""

@@ -8,7 +8,7 @@ the reference. `markdown()` prints the table CONTRIBUTING.md and T07 show (a tes
 CONTRIBUTING's copy is this one, and that every file and kernel named here exists).
 
     from xtrain_lessons.runtime.opset import table
-    table.OPS["rmsnorm_fwd"].gpu         # "kernels/rmsnorm.cu: rmsnorm_fwd"
+    table.OPS["rmsnorm_fwd"].gpu         # "kernels/rmsnorm.cu: rmsnorm_fwd" (a file under runtime/: a name in it)
     print(table.markdown())
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Op", "OPS", "op", "markdown"]
+__all__ = ["Op", "OPS", "FAMILIES", "op", "markdown"]
 
 
 @dataclass(frozen=True)
@@ -30,11 +30,15 @@ class Op:
 
 
 OPS: dict[str, Op] = {}
+FAMILIES = ("products", "rows", "attention", "classifier", "embedding", "optimizer", "casts", "dropout", "moves")
 
 
 def op(family: str, cpu: str, gpu: str, reference: str, test: str):
     """Register the decorated function as op `fn.__name__` of the op set (it is returned as it is:
     the registration costs nothing per call)."""
+    if family not in FAMILIES:
+        raise ValueError(f"op family {family!r} is not one of {FAMILIES}")
+
     def register(fn):
         OPS[fn.__name__] = Op(fn.__name__, family, cpu, gpu, reference, test)
         return fn
@@ -42,7 +46,8 @@ def op(family: str, cpu: str, gpu: str, reference: str, test: str):
 
 
 def markdown() -> str:
-    """The op table as a Markdown table, in registration order (family by family)."""
-    rows = ["| op | CPU kernel | GPU kernel | reference | test |", "|---|---|---|---|---|"]
-    rows += [f"| `{o.name}` | {o.cpu} | {o.gpu} | {o.reference} | `{o.test}` |" for o in OPS.values()]
+    """The op table as a Markdown table, family by family (files under xtrain_lessons/runtime/)."""
+    rows = ["| family | op | CPU kernel | GPU kernel | NumPy reference | tests (`tests/`) |", "|---|---|---|---|---|---|"]
+    for o in sorted(OPS.values(), key=lambda o: FAMILIES.index(o.family)):  # stable: registration order within
+        rows.append(f"| {o.family} | `{o.name}` | {o.cpu} | {o.gpu} | {o.reference} | {o.test} |")
     return "\n".join(rows)
