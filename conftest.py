@@ -23,12 +23,38 @@ LEARNER_ENV = {"XTRAIN_BLAS": "numpy"}  # what the kernels of notebooks/ start w
 _saved_env = {k: os.environ.get(k) for k in LEARNER_ENV}
 
 
+# Test modules that call no BLAS: the NumPy-BLAS pass of scripts/run_tests.py leaves them out
+# (marker `blas_free`): compilers, the tokenizer, file formats, the repository's own consistency.
+BLAS_FREE = {"test_nvcc_compile.py", "test_nvrtc_compile.py", "test_bpe.py", "test_tokenizer.py", "test_doctor.py",
+             "test_packaging.py", "test_layers.py", "test_phase_map.py", "test_notebook_pipeline.py",
+             "test_notebook_outputs.py", "test_data_fetch.py", "test_corpus.py", "test_device_refusal.py",
+             "test_gpu_lease.py", "test_cublas_direct.py"}
+# The quick loop between edits (`python -m pytest -m quick`, about two minutes): every layer of the
+# package once, and one notebook. The full command in the README stays the gate.
+QUICK = {"test_layers.py", "test_device.py", "test_cuda_emulator.py", "test_autograd.py", "test_model_parity.py",
+         "test_accumulation.py", "test_train.py", "test_export_hf.py", "test_eval.py", "test_course.py",
+         "test_cli.py", "test_phase_map.py", "T00_welcome.ipynb"}
+
+
 def pytest_configure(config):
     opt = config.option
     if getattr(opt, "nbval", False) and not getattr(opt, "nbval_sanitize_with", None):
         opt.nbval_sanitize_with = str(ROOT / "tests" / "nbval_sanitize.cfg")
     for phase in PHASES:
         config.addinivalue_line("markers", f"{phase.lower()}: the tests and notebooks of phase {phase}")
+
+
+def _kind_markers(path: Path, item) -> list[str]:
+    """The markers scripts/run_tests.py cuts the suite by (see pyproject's list)."""
+    name = path.name
+    marks = ["blas_free"] if name in BLAS_FREE else []
+    if name.startswith("test_book"):
+        marks += ["book", "blas_free"]
+    if name == "test_mutants.py" and item.name.startswith("test_checks_reject_every_mutant"):
+        marks.append("mutants")
+    if name in QUICK and path.parent.name in ("tests", "solutions"):
+        marks.append("quick")
+    return marks
 
 
 def pytest_collection_modifyitems(config, items):
@@ -38,8 +64,8 @@ def pytest_collection_modifyitems(config, items):
             phases = [p for p in PHASES if path.name.startswith(p + "_")]
         else:
             phases = phases_of_test(path.name)
-        for phase in phases:
-            item.add_marker(getattr(pytest.mark, phase.lower()))
+        for mark in [p.lower() for p in phases] + _kind_markers(path, item):
+            item.add_marker(getattr(pytest.mark, mark))
 
 
 @pytest.hookimpl(tryfirst=True)

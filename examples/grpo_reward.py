@@ -1,4 +1,4 @@
-"""An example reward for `xtrain grpo` (T20): a friendly story.
+"""An example reward for `xtrain grpo` (T21): a friendly story.
 
     xtrain grpo runs/mine --reward examples/grpo_reward.py:friendly
 

@@ -187,3 +187,87 @@ def test_a_named_case_names_itself_and_its_hint_on_a_failure(capsys):
     assert "fail — case 2 (logits ~1000)" in out and "subtract the row maximum before exp" in out
     assert check_fn("softmax", softmax, softmax, [(small,), big]) is softmax
     assert "pass (2 cases)" in capsys.readouterr().out
+
+
+# The T03.2 mistake of issue 36: tile loads without the k < K guard read past the end of B (and of
+# A's last row). Unsanitized, what they read is whatever lies there, so a check comparing values
+# passed or failed by the memory beyond the arrays; these tests run it 20 times each way.
+NO_K_GUARD = r'''
+#define TILE 16
+extern "C" __global__ void matmul_tiled(const float* A, const float* B, float* C, int M, int N, int K) {
+    __shared__ float As[TILE][TILE];
+    __shared__ float Bs[TILE][TILE];
+    int tx = threadIdx.x, ty = threadIdx.y;
+    int row = blockIdx.y * TILE + ty, col = blockIdx.x * TILE + tx;
+    float acc = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += TILE) {
+        As[ty][tx] = (row < M) ? A[row * K + k0 + tx] : 0.0f;
+        Bs[ty][tx] = (col < N) ? B[(k0 + ty) * N + col] : 0.0f;
+        __syncthreads();
+        for (int k = 0; k < TILE; k++) acc += As[ty][k] * Bs[k][tx];
+        __syncthreads();
+    }
+    if (row < M && col < N) C[row * N + col] = acc;
+}
+'''
+WRITES_PAST_THE_END = r'''
+extern "C" __global__ void fill(float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i <= n) y[i] = 1.0f;   // BUG: <= writes y[n]
+}
+'''
+
+
+def _no_k_guard_check(sanitize: bool) -> bool:
+    from xtrain_lessons.course.checks import poisoned
+    from xtrain_lessons.runtime.cuda import Kernel
+
+    kernel = Kernel(NO_K_GUARD, "matmul_tiled", backend="cpu", sanitize=sanitize)
+    r = np.random.default_rng(0)
+    a, b = r.standard_normal((37, 53)).astype(np.float32), r.standard_normal((53, 29)).astype(np.float32)
+
+    def test():
+        c = poisoned(np.zeros((37, 29), np.float32), "C")
+        kernel((2, 3), (16, 16), (poisoned(a, "A"), poisoned(b, "B"), c, np.int32(37), np.int32(29), np.int32(53)))
+        assert_close(c, a @ b, atol=1e-4, rtol=1e-4, what="C")
+    return check("T03.2 without the k guard", test)
+
+
+@pytest.mark.parametrize("sanitize", [False, True], ids=["poisoned padding", "sanitizer"])
+def test_a_read_past_the_end_fails_the_check_every_time(sanitize, capsys):
+    verdicts = [_no_k_guard_check(sanitize) for _ in range(20)]
+    lines = capsys.readouterr().out.splitlines()
+    assert verdicts == [False] * 20
+    fails = [ln for ln in lines if ln.startswith("❌ T03.2 without the k guard: fail")]
+    assert len(fails) == 20 and len(set(fails)) == 1, "the same report every run"
+    if sanitize:  # the sanitizer names the first bad read, block and thread
+        assert "out-of-bounds global read of B[1537]" in fails[0] and "thread (0,5,0)" in fails[0]
+    else:  # NaN read from the poison around B
+        assert "got nan" in fails[0]
+
+
+def test_poisoned_padding_finds_a_write_past_the_end(capsys):
+    from xtrain_lessons.course.checks import poisoned
+    from xtrain_lessons.runtime.cuda import Kernel
+
+    kernel = Kernel(WRITES_PAST_THE_END, "fill", backend="cpu", sanitize=False)
+
+    def test():
+        y = poisoned(np.zeros(1000, np.float32), "y")
+        kernel((4,), (256,), (y, np.int32(1000)))
+        assert_close(y, np.ones(1000, np.float32), what="y")
+    assert check("T99.5 fill", test) is False
+    assert "the kernel wrote past the end of y (y[1000]; it has 1000 elements)" in capsys.readouterr().out
+
+
+def test_poisoned_keeps_values_dtype_and_shape_with_poison_on_both_sides():
+    from xtrain_lessons.course.checks import poisoned
+
+    for dtype in (np.float32, np.int32, np.uint16):
+        x = np.arange(12, dtype=dtype).reshape(3, 4)
+        y = poisoned(x, "x")
+        assert y.dtype == x.dtype and y.shape == x.shape and np.array_equal(y, x) and y.flags.c_contiguous
+        raw = y.base  # the bytes around it: 0xFF (NaN, -1, 0xFFFF), at least 4096 elements each side
+        start = y.ctypes.data - raw.ctypes.data
+        assert start >= 4096 * x.itemsize and raw.size - start - y.nbytes >= 4096 * x.itemsize
+        assert (raw[:start] == 0xFF).all() and (raw[start + y.nbytes:] == 0xFF).all()

@@ -230,3 +230,147 @@ def test_module_gives_the_same_results_on_a_gpu():
     cpu.get_function("cg_tiles")((3,), (64,), (v, o_cpu, np.int32(150)))
     gpu.get_function("cg_tiles")((3,), (64,), (cp.asarray(v), o_gpu, np.int32(150)))
     np.testing.assert_array_equal(cp.asnumpy(o_gpu), o_cpu)
+
+
+# ---- the tensor cores: mma.sync.m16n8k16 as inline PTX, and 16-bit atomics ------------------
+TC = Path(__file__).resolve().parent / "cuda_kernels" / "tensor_cores.cu"
+
+
+@pytest.fixture(scope="module")
+def tc():
+    return Module(TC, backend="cpu")
+
+
+def _bf16(a):
+    import ml_dtypes
+    return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+def test_mma_tile_is_a_times_b_plus_c(tc, kind):
+    """One warp, one instruction: D = A B + C from fragments loaded by the PTX ISA's layout.
+    Products of 16-bit values are exact, so D is the float64 result rounded once to float32."""
+    rng = np.random.default_rng(10)
+    cast = _bf16 if kind == "bf16" else (lambda a: np.asarray(a, np.float16))
+    A, B = cast(rng.standard_normal((16, 16))), cast(rng.standard_normal((16, 8)))
+    C = rng.standard_normal((16, 8)).astype(np.float32)
+    D = np.full((16, 8), np.nan, np.float32)
+    tc.get_function(f"mma_tile_{kind}")((1,), (32,), (A, B, C, D))
+    exact = A.astype(np.float64) @ B.astype(np.float64) + C
+    np.testing.assert_array_equal(D, exact.astype(np.float32))
+    # the check can fail: a transposed B is a different product
+    assert not np.allclose(D, (A.astype(np.float64) @ B.astype(np.float64)[::-1] + C), atol=1e-3)
+
+
+def test_mma_gemm_over_warps_and_blocks(tc):
+    M, N, K = 64, 24, 48  # 2 x 2 warps in blocks of (32, 2), 3 column tiles, 3 steps along K
+    rng = np.random.default_rng(11)
+    A, B = _bf16(rng.standard_normal((M, K))), _bf16(rng.standard_normal((K, N)))
+    C = np.full((M, N), np.nan, np.float32)
+    tc.get_function("mma_gemm_bf16")((N // 8, M // 32), (32, 2), (A, B, C, np.int32(M), np.int32(N), np.int32(K)))
+    np.testing.assert_allclose(C, A.astype(np.float64) @ B.astype(np.float64), rtol=1e-6, atol=1e-5)
+
+
+def test_mma_fragment_layout_is_the_ptx_isa_one():
+    """Every element of A (16x16), B and C (16x8) is held by exactly one (lane, register); spot
+    values from the PTX ISA's figures (lane 0 holds A[0][0:2], A[8][0:2], A[0][8:10], A[8][8:10])."""
+    from xtrain_lessons.runtime.cuda.emulator import mma_fragment_layout
+    for operand, shape in (("a", (16, 16)), ("b", (16, 8)), ("c", (16, 8))):
+        rows, cols = mma_fragment_layout(operand)
+        counts = np.zeros(shape, int)
+        np.add.at(counts, (rows.ravel(), cols.ravel()), 1)
+        assert (counts == 1).all(), operand
+    rows, cols = mma_fragment_layout("a")
+    assert list(zip(rows[0], cols[0])) == [(0, 0), (0, 1), (8, 0), (8, 1), (0, 8), (0, 9), (8, 8), (8, 9)]
+    assert list(zip(rows[5], cols[5]))[:2] == [(1, 2), (1, 3)]  # lane 5: group 1, thread 1 of its group
+    rows, cols = mma_fragment_layout("b")
+    assert list(zip(rows[6], cols[6])) == [(4, 1), (5, 1), (12, 1), (13, 1)]
+    rows, cols = mma_fragment_layout("c")
+    assert list(zip(rows[31], cols[31])) == [(7, 6), (7, 7), (15, 6), (15, 7)]
+    with pytest.raises(ValueError, match="operand"):
+        mma_fragment_layout("x")
+
+
+@pytest.mark.parametrize("name, message", [
+    ("mma_after_early_exit", r"needs all 32 lanes of the warp .*lanes 16-31 have exited"),
+    ("mma_divergent", r"warp divergence .* different warp operations"),
+])
+def test_mma_needs_the_whole_warp(tc, name, message):
+    A, B = _bf16(np.ones((16, 16))), _bf16(np.ones((16, 8)))
+    C, D = np.zeros((16, 8), np.float32), np.zeros((16, 8), np.float32)
+    with pytest.raises(KernelError, match=message):
+        tc.get_function(name)((1,), (32,), (A, B, C, D))
+    with pytest.raises(KernelError, match="only 16 threads in this warp"):
+        tc.get_function("mma_tile_bf16")((1,), (16,), (A, B, C, D))
+
+
+def test_mma_runs_in_threads_mode_and_under_the_sanitizer(monkeypatch):
+    rng = np.random.default_rng(12)
+    A, B = _bf16(rng.standard_normal((16, 16))), _bf16(rng.standard_normal((16, 8)))
+    C = rng.standard_normal((16, 8)).astype(np.float32)
+    expect = (A.astype(np.float64) @ B.astype(np.float64) + C).astype(np.float32)
+    k = Kernel(TC, "mma_tile_bf16", backend="cpu", sanitize=True)
+    D = np.zeros((16, 8), np.float32)
+    k((1,), (32,), (A, B, C, D))
+    np.testing.assert_array_equal(D, expect)
+    with pytest.raises(KernelError, match="out-of-bounds global read of C"):
+        k((1,), (32,), (A, B, C[:8].copy(), D))  # C too short: the sanitizer names it
+    monkeypatch.setenv("XTRAIN_EMULATOR_MODE", "threads")
+    D = np.zeros((16, 8), np.float32)
+    Kernel(TC, "mma_tile_bf16", backend="cpu")((1,), (32,), (A, B, C, D))
+    np.testing.assert_array_equal(D, expect)
+
+
+def test_unsupported_inline_ptx_is_a_compile_error_naming_it():
+    src = 'extern "C" __global__ void k(float* x) {\n  asm volatile("bar.sync 0;");\n}\n'
+    with pytest.raises(CompileError, match=r"bar\.sync.*not supported.*mma\.sync"):
+        Kernel(src, "k", backend="cpu")
+
+
+def test_atomic_add_on_16_bit_floats_and_pairs(tc):
+    """atomicAdd on __nv_bfloat162 (issue 39: real bf16 reductions use it), __nv_bfloat16,
+    __half2, __half: 1000 threads into 7 slots; small integers, so every sum is exact."""
+    n, npairs = 1000, 7
+    rng = np.random.default_rng(13)
+    x, y = rng.integers(-3, 4, n).astype(np.float32), rng.integers(-2, 3, n).astype(np.float32)
+    pb, sb = _bf16(np.zeros((npairs, 2))), _bf16(np.zeros(npairs))
+    ph, sh = np.zeros((npairs, 2), np.float16), np.zeros(npairs, np.float16)
+    tc.get_function("atomic_add_16bit")(blocks(n, 128), (128,), (x, y, pb, sb, ph, sh, np.int32(n), np.int32(npairs)))
+    sx = np.bincount(np.arange(n) % npairs, weights=x, minlength=npairs)
+    sy = np.bincount(np.arange(n) % npairs, weights=y, minlength=npairs)
+    assert np.abs(sx).max() < 256 and np.abs(sy).max() < 256  # exact in bfloat16
+    np.testing.assert_array_equal(pb.astype(np.float64), np.stack([sx, sy], axis=1))
+    np.testing.assert_array_equal(sb.astype(np.float64), sx)
+    np.testing.assert_array_equal(ph.astype(np.float64), np.stack([sx, sy], axis=1))
+    np.testing.assert_array_equal(sh.astype(np.float64), sy)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs CuPy and an NVIDIA GPU")
+def test_tensor_core_kernels_agree_with_the_emulator_on_a_gpu():
+    """mma.sync on a real tensor core against the emulator's (the same fragments, so the same
+    product; the GPU may round the sum differently in the last bit: 1e-6 relative), and the
+    16-bit atomics bit for bit."""
+    import cupy as cp
+    if int(cp.cuda.Device().compute_capability) < 80:
+        pytest.skip("bf16 mma.sync and bf16 atomics need sm_80 or newer")
+    gpu, cpu = Module(TC, backend="gpu"), Module(TC, backend="cpu")
+    rng = np.random.default_rng(14)
+    M, N, K = 64, 24, 48
+    A, B = _bf16(rng.standard_normal((M, K))), _bf16(rng.standard_normal((K, N)))
+    c_cpu, c_gpu = np.zeros((M, N), np.float32), cp.zeros((M, N), cp.float32)
+    args = (np.int32(M), np.int32(N), np.int32(K))
+    cpu.get_function("mma_gemm_bf16")((N // 8, M // 32), (32, 2), (A, B, c_cpu, *args))
+    gpu.get_function("mma_gemm_bf16")((N // 8, M // 32), (32, 2), (cp.asarray(A), cp.asarray(B), c_gpu, *args))
+    np.testing.assert_allclose(cp.asnumpy(c_gpu), c_cpu, rtol=1e-6, atol=1e-6 * np.abs(c_cpu).max())
+    n, npairs = 1000, 7
+    x, y = rng.integers(-3, 4, n).astype(np.float32), rng.integers(-2, 3, n).astype(np.float32)
+    outs = {}
+    for name, mod, xp in (("cpu", cpu, np), ("gpu", gpu, cp)):
+        bufs = [xp.asarray(_bf16(np.zeros((npairs, 2)))), xp.asarray(_bf16(np.zeros(npairs))),
+                xp.zeros((npairs, 2), np.float16), xp.zeros(npairs, np.float16)]
+        mod.get_function("atomic_add_16bit")(blocks(n, 128), (128,), (xp.asarray(x), xp.asarray(y), *bufs,
+                                                                        np.int32(n), np.int32(npairs)))
+        outs[name] = [np.asarray(b.get() if xp is cp else b).astype(np.float64) for b in bufs]
+    for a, b in zip(outs["cpu"], outs["gpu"]):
+        np.testing.assert_array_equal(a, b)

@@ -98,3 +98,113 @@ def test_bf16_products_on_the_device():
         assert got.dtype == (np.float32 if f32_out else bf) and got.shape == want.shape
         err = np.abs(cp.asnumpy(got).astype(np.float32) - want)
         assert np.all(err <= 2.0 ** -7 * np.abs(want) + 1e-5), (sa, sb, float(err.max()))
+
+# ------------------------------------------------------------------ the GPU bench, on the stand-in
+@pytest.fixture
+def standin(monkeypatch):
+    from xtrain_lessons.runtime import cuda as cuda_kernels  # noqa: PLC0415
+    from xtrain_lessons import cupy_standin  # noqa: PLC0415
+
+    before = cupy_standin.install()
+    monkeypatch.setattr(device, "_gpu_ok", None)
+    monkeypatch.setenv("XTRAIN_STANDIN_KERNELS", "reference")
+    device.set_device("cuda")
+    try:
+        yield cupy_standin
+    finally:
+        device.set_device(None)
+        device._gpu_ok = None
+        for key in [k for k in cuda_kernels._loaded if k[2] == "gpu"]:
+            del cuda_kernels._loaded[key]
+        cupy_standin.uninstall(before)
+
+
+class _FakeTorchCuda:
+    """What bench_gpu asks of torch.cuda: synchronisation and the allocator's counters."""
+
+    def __init__(self):
+        self.allocated, self.peak = 0, 0
+
+    def synchronize(self):
+        pass
+
+    def memory_allocated(self):
+        return self.allocated
+
+    def reset_peak_memory_stats(self):
+        self.peak = self.allocated
+
+    def max_memory_allocated(self):
+        return self.peak
+
+
+def _fake_baselines(config, cuda):
+    """Torch baselines standing in for torch_twin's: one that cannot be built here, one whose first
+    step fails (a compile error), one of another model (its first loss differs), one that fails
+    while timed, and a faithful one (the CPU engine from the same weights) holding 3 MiB between
+    steps and 1 MiB more during one."""
+    from xtrain_lessons.measure.bench import engine_stepper  # noqa: PLC0415
+    from xtrain_lessons.measure.torch_twin import BaselineUnavailable  # noqa: PLC0415
+
+    def make(config_, init, threads, kind, device=None, precision=None):
+        if kind == "cuda-graph":
+            raise BaselineUnavailable("cuda-graph is a CUDA graph: it needs torch with CUDA on a GPU")
+        calls = [0]
+        good, _ = engine_stepper(config)
+        cuda.allocated += 3 * 2 ** 20 if kind == "sdpa" else 0
+
+        def step(b):
+            calls[0] += 1
+            if kind == "compile":
+                raise RuntimeError("InductorError: no C++ compiler\nmore detail")
+            if kind == "eager" and calls[0] > 1:
+                raise RuntimeError("CUDA graph trees: accessing an overwritten output")
+            loss, t = good(b)
+            cuda.peak = max(cuda.peak, cuda.allocated + 2 ** 20)
+            return (loss + 1.0 if kind == "amp" else loss), t
+
+        step.prepare = lambda batches: None
+        return step, 1
+
+    return make
+
+
+def test_the_gpu_bench_reports_each_baseline_in_one_line_and_checks_the_first_losses(standin, monkeypatch, capsys):
+    """Baselines that cannot run are one line each and the others go on; a baseline whose first loss
+    is not the engine's is marked and makes the exit code 1; MFU falls back to the measured peak for
+    a card not in the spec table; each stepper's peak memory is what it holds plus one step's extra."""
+    import argparse  # noqa: PLC0415
+
+    from xtrain_lessons.measure import bench_gpu, torch_twin  # noqa: PLC0415
+
+    cuda = _FakeTorchCuda()
+    config = PRESETS["test"].replace(vocab_size=300)
+    monkeypatch.setattr(bench_gpu, "_torch_cuda", lambda: type("T", (), {"cuda": cuda})())
+    monkeypatch.setattr(torch_twin, "torch_stepper", _fake_baselines(config, cuda))
+    args = argparse.Namespace(preset="test", vocab_size=300, batch_size=2, seq_len=16, steps=1, rounds=2,
+                              no_torch=False, against="sdpa,compile,cuda-graph,amp,eager", dtype="float32",
+                              cuda_graph=False, peak_n=256, attention=None)
+    assert bench_gpu.run_train_bench_gpu(args) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    said = {ln.split(":")[0]: ln for ln in lines if ln.startswith("torch ")}
+    assert said["torch compile"] == "torch compile: not measured: RuntimeError: InductorError: no C++ compiler"
+    assert said["torch cuda-graph"].startswith("torch cuda-graph: not measured: BaselineUnavailable: cuda-graph is")
+    assert said["torch eager"].startswith("torch eager: not measured: failed while timed: RuntimeError")
+    assert "LOSS MISMATCH" in said["torch amp"] and "LOSS MISMATCH" not in said["torch sdpa"]
+    assert "step peak memory 4.0 MiB" in said["torch sdpa"]
+    assert "is not in the table of spec peaks" in "\n".join(lines)
+    assert lines[-1].startswith("throughput vs torch: sdpa ") and ", amp " in lines[-1] and "compile" not in lines[-1]
+    assert "(float32), measured)" in lines[-1]
+
+
+def test_environment_yml_asks_for_the_gpu_extra():
+    """environment.yml's GPU line installs exactly pyproject's gpu extra: CuPy 14, NumPy >= 2.1.2."""
+    import re  # noqa: PLC0415
+    import tomllib  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    repo = Path(__file__).resolve().parents[1]
+    gpu = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
+    assert sorted(gpu) == ["cupy-cuda12x[ctk]>=14.0", "numpy>=2.1.2"]
+    line = next(ln for ln in (repo / "environment.yml").read_text().splitlines() if "pip install" in ln and "cupy" in ln)
+    assert sorted(re.findall(r'"([^"]+)"', line)) == sorted(gpu), line

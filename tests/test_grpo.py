@@ -1,4 +1,4 @@
-"""GRPO (T20): the ragged-batch gates, the clipped loss, advantages, rewards, the command."""
+"""GRPO (T21): the ragged-batch gates, the clipped loss, advantages, rewards, the command."""
 
 from __future__ import annotations
 
@@ -12,20 +12,13 @@ from xtrain_lessons.cli import main, grpo
 from xtrain_lessons.autograd.tensor import Tensor, no_grad
 from xtrain_lessons.model.batching import forward_loop, forward_ragged
 from xtrain_lessons.model.generate import generate
-from xtrain_lessons.training.grpo import (
-    GRPOConfig,
-    Rollout,
-    clipped_pg_loss,
-    clipped_pg_loss_looped,
-    group_advantages,
-    masked_mean_per_sequence,
-    rollout_batch,
-    sample_group,
-    sequence_logprobs,
-    token_logprobs,
-)
+from xtrain_lessons.training.posttrain.advantages import group_advantages
+from xtrain_lessons.training.posttrain.aggregate import masked_mean_per_sequence
+from xtrain_lessons.training.posttrain.grpo import GRPOConfig, clipped_pg_loss, clipped_pg_loss_looped
+from xtrain_lessons.training.posttrain.rollouts import Rollout, rollout_batch, sample_batch, sample_group
+from xtrain_lessons.training.posttrain.logprobs import sequence_logprobs, token_logprobs
 from xtrain_lessons.model.qwen3 import PRESETS, Model
-from xtrain_lessons.training.rewards import EOT, RewardError, load_reward
+from xtrain_lessons.training.posttrain.rewards import EOT, RewardError, load_reward
 
 CFG = PRESETS["test"]
 
@@ -191,15 +184,18 @@ def test_kl_k3_is_zero_at_the_reference_and_positive_elsewhere():
 # ----- advantages -------------------------------------------------------------------------
 
 def test_group_advantages():
-    a = group_advantages([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]], eps=0.0 + 1e-4)
+    a = group_advantages([[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]], eps=1e-4, ddof=0)
     np.testing.assert_allclose(a[0], np.array([1, -1, -1, 1]) * 0.5 / (0.5 + 1e-4), rtol=1e-12)
     assert (a[1] == 0).all()  # no spread: no signal
     r = np.random.default_rng(0).normal(size=(3, 8))
-    a = group_advantages(r)
+    a = group_advantages(r)  # the default: the sample std (ddof 1), as torch.std
     np.testing.assert_allclose(a.mean(1), 0, atol=1e-12)
-    np.testing.assert_allclose(a, (r - r.mean(1, keepdims=True)) / (r.std(1, keepdims=True) + 1e-4))
+    np.testing.assert_allclose(a, (r - r.mean(1, keepdims=True)) / (r.std(1, ddof=1, keepdims=True) + 1e-4))
+    np.testing.assert_allclose(group_advantages(r, normalize_by_std=False), r - r.mean(1, keepdims=True))
     with pytest.raises(ValueError, match="n_groups, G"):
         group_advantages([1.0, 2.0])
+    with pytest.raises(ValueError, match="no sample std"):
+        group_advantages([[1.0], [2.0]])
 
 
 # ----- rollouts ---------------------------------------------------------------------------
@@ -335,7 +331,7 @@ def test_bench_grpo_runs_and_agrees(capsys):
 
 
 def test_grpo_step_starts_at_ratio_one_and_raises_a_reward():
-    from xtrain_lessons.training.grpo import grpo_step  # noqa: PLC0415
+    from xtrain_lessons.training.posttrain.grpo import grpo_step  # noqa: PLC0415
     from xtrain_lessons.training.optim import AdamW  # noqa: PLC0415
 
     model, ref = Model(CFG, seed=0), Model(CFG, seed=0)
@@ -354,3 +350,66 @@ def test_grpo_step_starts_at_ratio_one_and_raises_a_reward():
     first = np.mean([h["reward_mean"] for h in history[:3]])
     last = np.mean([h["reward_mean"] for h in history[-3:]])
     assert first < 0.5 and last > first + 0.3, (first, last)
+
+
+# ----- sampling many rows at once, the loss choices ---------------------------------------
+
+def test_sample_rows_draws_from_the_softmax():
+    from xtrain_lessons.training.posttrain.rollouts import sample_rows  # noqa: PLC0415
+
+    logits = np.array([[0.0, 1.0, 2.0, -1.0], [3.0, 3.0, -50.0, 0.0]], dtype=np.float32)
+    assert sample_rows(logits, 0.0).tolist() == [2, 0]  # greedy: the first largest
+    n = 20000
+    draws = sample_rows(np.tile(logits, (n, 1)), 1.0, rng=np.random.default_rng(0)).reshape(n, 2)
+    for row in range(2):
+        p = np.exp(logits[row] - logits[row].max())
+        p /= p.sum()
+        freq = np.bincount(draws[:, row], minlength=4) / n
+        assert np.all(np.abs(freq - p) <= 5 * np.sqrt(p * (1 - p) / n) + 1e-12), (freq, p)
+    again = sample_rows(np.tile(logits, (n, 1)), 1.0, rng=np.random.default_rng(0)).reshape(n, 2)
+    assert (again == draws).all()
+
+
+def test_sample_batch_decodes_different_prompts_of_one_length():
+    model = Model(CFG, seed=0)
+    prompts = [[3, 9, 4], [5, 1, 2], [7, 7, 7]]
+    got = sample_batch(model, prompts, 6, temperature=0.0)
+    assert [ids for ids, _ in got] == [generate(model, p, 6, temperature=0.0) for p in prompts]
+    with pytest.raises(ValueError, match="one length"):
+        sample_batch(model, [[1, 2], [3]], 4)
+
+
+@pytest.mark.parametrize("loss,aggregation", [("grpo_clip", "sequence_mean"), ("grpo_clip", "constant"),
+                                              ("reinforce", "token_mean"), ("no_baseline", "sequence_mean")])
+def test_grpo_step_with_each_loss_and_aggregation(loss, aggregation):
+    from xtrain_lessons.training.posttrain.grpo import grpo_loss, grpo_step  # noqa: PLC0415
+    from xtrain_lessons.training.optim import AdamW  # noqa: PLC0415
+
+    model = Model(CFG, seed=0)
+    cfg = GRPOConfig(group=4, prompts_per_step=2, max_new_tokens=6, lr=1e-3, loss=loss, aggregation=aggregation,
+                     ddof=0, normalize_by_std=loss == "grpo_clip").validate()
+    opt = AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    reward = lambda prompt, completion, n: float(n % 3)  # noqa: E731
+    m = grpo_step(model, None, opt, [("a", [1, 2]), ("b", [3, 4])], reward, cfg, np.random.default_rng(0), None,
+                  lambda ids: " ".join(map(str, ids)))
+    assert np.isfinite(m["loss"]) and m["entropy"] > 0 and m["kl"] is None
+    if loss != "no_baseline":  # advantages summing to 0 in each group at ratio 1: loss ~0 for equal lengths
+        assert abs(m["loss"]) < 1e-6
+    # the constant aggregation divides the masked sum by B x max_new_tokens
+    rs, rewards = m["_rollouts"], m["_rewards"]
+    ids, targets, mask = rollout_batch(rs)
+    with no_grad():
+        lp = sequence_logprobs(model, ids, targets).numpy()
+    const = GRPOConfig(**{**cfg.to_dict(), "aggregation": "constant"})
+    total, _ = grpo_loss(Tensor(lp), lp, rewards, mask, const)
+    summed, _ = grpo_loss(Tensor(lp), lp, rewards, mask, GRPOConfig(**{**cfg.to_dict(), "aggregation": "token_mean"}))
+    assert total.item() * len(rs) * cfg.max_new_tokens == pytest.approx(summed.item() * mask.sum(), rel=1e-5, abs=1e-9)
+
+
+def test_config_choices_are_validated():
+    for bad, msg in [({"loss": "ppo"}, "loss must be one of"), ({"aggregation": "max"}, "aggregation must be"),
+                     ({"ddof": 2}, "ddof must be 0"), ({"warmup": -1}, "warmup")]:
+        with pytest.raises(ValueError, match=msg):
+            GRPOConfig(**bad).validate()
+    cfg = GRPOConfig(lr=1e-3, warmup=4)
+    assert [cfg.lr_at(s) for s in (1, 2, 4, 9)] == pytest.approx([2.5e-4, 5e-4, 1e-3, 1e-3])

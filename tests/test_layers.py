@@ -180,7 +180,7 @@ DEVICE_PROBES = {"on_gpu", "usable", "on_device", "attention_usable", "kernel_ba
 DEVICE_FLAGS = {"use_kernels", "fused_back"}
 # modules (by last name) whose device conditional another piece of work removes: each must still hold
 # one (so that the entry goes with the fix)
-AWAITING_FIX = {"grpo": "post-training's `_host` becomes device.to_host (training/posttrain, issue 40)"}
+AWAITING_FIX: dict[str, str] = {}  # (post-training's `host` became device.to_host: training/posttrain, issue 40)
 
 
 def runtime_imports(source: str, name: str, is_package: bool) -> set[str]:

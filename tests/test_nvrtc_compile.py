@@ -105,3 +105,16 @@ def test_nvrtc_compiles_every_instantiation_the_launchers_use(filename, expressi
     assert named.count(".entry") >= len(templates)
     assert named.count(".entry") == plain.count(".entry"), \
         f"{filename}: a launcher's name expression is missing from the file's explicit instantiations"
+
+
+@pytest.mark.parametrize("bucket", [64, 128], ids=lambda b: f"DP={b}")
+def test_nvrtc_compiles_the_tensor_core_flash_kernels_as_the_launcher_asks(bucket):
+    """flash_attention_tc.cu's templates, instantiated by the launcher's name expressions for one
+    head-dim bucket (as `_kernel` compiles them on a GPU): the two tile configurations (DP <= 64,
+    DP > 64). The plain compile above sees only flash_tc_bwd_prep: the file instantiates its
+    buckets explicitly for nvcc alone."""
+    from xtrain_lessons.runtime.kernels.flash_attention_tc import NAME_EXPRESSIONS
+    path = KERNELS_DIR / "flash_attention_tc.cu"
+    exprs = [e for e in NAME_EXPRESSIONS if e.endswith(f"<{bucket}>")]
+    ptx = nvrtc_compile(path.read_text(), str(path), gpu_options((), str(path)), name_expressions=exprs)
+    assert ptx.count(".entry") == len(exprs) + 1 and "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx

@@ -69,21 +69,43 @@ def test_readme_has_two_one_line_commands():
     assert _readme_command("main").startswith("pip install -e .")
     test_command = _readme_command("test")
     assert "torch==2.13.0" in test_command and "bash scripts/run_tests.sh" in test_command
-    script = (REPO / "scripts" / "run_tests.sh").read_text()
-    assert 'python -m pytest "$@"' in script  # everything, as installed
-    assert 'XTRAIN_BLAS=numpy XTRAIN_THREADS=1 python -m pytest tests -m "not standin"' in script
+    assert "scripts/run_tests.py" in (REPO / "scripts" / "run_tests.sh").read_text()
 
 
-@pytest.mark.parametrize("first,second", [(0, 0), (1, 0), (0, 1), (1, 1)])
-def test_the_test_script_fails_when_either_run_fails(tmp_path, first, second):
-    """scripts/run_tests.sh runs its two pytest runs at once: it must wait for both and fail if
-    either did (a `python` stand-in on PATH plays the two runs)."""
-    fake = tmp_path / "python"
-    fake.write_text(f'#!/bin/sh\ncase "$*" in *"not standin"*) sleep 1; exit {second};; *) exit {first};; esac\n')
-    fake.chmod(0o755)
-    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
-    res = subprocess.run(["bash", str(REPO / "scripts" / "run_tests.sh")], env=env, capture_output=True, text=True)
-    assert (res.returncode != 0) == bool(first or second), res.stdout + res.stderr
+def _run_tests_module():
+    spec = importlib.util.spec_from_file_location("run_tests", REPO / "scripts" / "run_tests.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["run_tests"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_shards_cover_the_whole_suite_once():
+    """Every test and notebook runs in exactly one shard (the NumPy-BLAS pass aside): the shards'
+    marker expressions split tests/ without a gap or an overlap."""
+    rt = _run_tests_module()
+    names = [s.name for s in rt.SHARDS]
+    assert {"solution notebooks", "learner notebooks", "mutants", "book"} <= set(names)
+    on_tests = [s.args[s.args.index("-m") + 1] for s in rt.SHARDS if "-m" in s.args and not s.env]
+    kinds = [{"standin"}, {"mutants"}, {"book"}, set()]  # the marker sets a test may carry
+    for carried in kinds:
+        chosen = [expr for expr in on_tests if eval(expr, {}, {m: m in carried for m in ("standin", "mutants", "book")})]
+        assert len(chosen) == 1, f"a test marked {carried or 'nothing'} is run by {len(chosen)} shards: {chosen}"
+    numpy_pass = next(s for s in rt.SHARDS if s.env.get("XTRAIN_BLAS") == "numpy")
+    assert numpy_pass.env["XTRAIN_THREADS"] == "1" and "not blas_free" in numpy_pass.args[-1]
+
+
+@pytest.mark.parametrize("statuses", [(0, 0, 0), (1, 0, 0), (0, 0, 1), (0, 5, 0)])
+def test_the_test_script_fails_when_any_shard_fails(monkeypatch, capsys, statuses):
+    """scripts/run_tests.py runs its shards at once: it must wait for all and fail if any did
+    (a shard that collected nothing, pytest's status 5, is a failure too)."""
+    rt = _run_tests_module()
+    shards = [rt.Shard(f"shard {i}", [str(code)], seconds=i) for i, code in enumerate(statuses)]
+    monkeypatch.setattr(rt, "command", lambda shard, extra: [sys.executable, "-c",
+                                                              f"import sys, time; time.sleep(0.2); sys.exit({shard.args[0]})"])
+    assert rt.run_all(shards, [], jobs=2) == int(any(statuses))
+    out = capsys.readouterr().out
+    assert all(f"shard {i}" in out for i in range(len(statuses)))
 
 
 def test_ci_runs_the_readme_test_command():

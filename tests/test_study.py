@@ -52,6 +52,20 @@ def test_fit_with_noise_predicts_within_the_noise():
     assert rel.max() < 0.01
 
 
+def test_fit_with_the_floor_fixed():
+    """E fixed at the truth: the other four are recovered; fixed elsewhere, the fit is worse (a profile)."""
+    N, D = _grid()
+    L = predict(TRUE, N, D)
+    fit = fit_scaling_law(N, D, L, E=TRUE["E"])
+    assert fit["E"] == TRUE["E"]
+    for k, v in TRUE.items():
+        assert abs(fit[k] - v) <= 1e-6 * v, (k, fit[k], v)
+    off = [fit_scaling_law(N, D, L, E=e)["rms_log_error"] for e in (0.0, 0.5, 1.5)]
+    assert min(off) > 1e-4 > fit["rms_log_error"]
+    with pytest.raises(ValueError, match=r"fixed floor E must be in \[0, min L\)"):
+        fit_scaling_law(N, D, L, E=float(L.min()))
+
+
 def test_fit_rejects_bad_input():
     with pytest.raises(ValueError, match="at least 5 points"):
         fit_scaling_law([1, 2], [1, 2], [1, 2])

@@ -15,6 +15,7 @@ import os
 import sys
 
 from xtrain_lessons import __version__
+from xtrain_lessons.cli.device_check import require_device
 from xtrain_lessons.cli.errors import report
 
 # (subcommand name, module that implements it)
@@ -30,8 +31,11 @@ SUBCOMMANDS: list[tuple[str, str]] = [
     ("launch", "xtrain_lessons.cli.launch"),
     ("eval", "xtrain_lessons.cli.eval"),
     ("study", "xtrain_lessons.cli.study"),
+    ("sft", "xtrain_lessons.cli.sft"),
     ("grpo", "xtrain_lessons.cli.grpo"),
 ]
+# Commands that report on the device rather than run on it: `--device cuda` is not refused there.
+ASKS_NO_DEVICE = {"doctor"}
 
 
 def _add_device_flag(parser: argparse.ArgumentParser) -> None:
@@ -79,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "debug", None):
         os.environ["XTRAIN_DEBUG"] = "1"  # inherited by the workers of `xtrain launch`
     try:
+        if args.command not in ASKS_NO_DEVICE:
+            require_device(args.command)  # the GPU asked for by name is there, or one line before any work
         return int(args._module.run(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

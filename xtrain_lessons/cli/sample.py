@@ -14,6 +14,7 @@ import argparse
 import math
 import sys
 
+from xtrain_lessons.cli.device_check import require_device
 from xtrain_lessons.cli.errors import UsageError, report
 from xtrain_lessons.model.generate import generate
 from xtrain_lessons.training.checkpoint import CheckpointError
@@ -60,13 +61,16 @@ def new_tokens(args: argparse.Namespace, context: int) -> int:
 
 def run(args: argparse.Namespace) -> int:
     check_sampling(args)
+    where = require_device("sample")  # the device asked for is used, or refused here in one line
     try:
         model, tok, ck = load_run(args.run_dir)
     except (FileNotFoundError, CheckpointError) as e:
         return report("sample", e, 2)
+    if where == "cuda":
+        model.to("cuda")
     args.max_new_tokens = new_tokens(args, model.config.max_seq_len)
     ids = tok.encode(args.prompt).ids or [eot_id(tok)]
-    print(f"# {args.run_dir} step {ck.step}, temperature {args.temperature}, top_k {args.top_k}, "
+    print(f"# {args.run_dir} step {ck.step} on {where}, temperature {args.temperature}, top_k {args.top_k}, "
           f"top_p {args.top_p}, seed {args.seed}", file=sys.stderr)
     for i in range(args.num_samples):
         new = generate(model, ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,

@@ -28,6 +28,7 @@ import json
 import os
 
 from xtrain_lessons.interop.hf import ExportError, closed_loop_check, export_hf
+from xtrain_lessons.cli.device_check import require_device
 from xtrain_lessons.cli.errors import UsageError, report
 from xtrain_lessons.training.checkpoint import CheckpointError
 from xtrain_lessons.training.config import DEFAULT_RUN_TIME_LIMIT, TrainConfig
@@ -104,6 +105,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="recompute each block's activations in backward (T13)")
     parser.add_argument("--dropout", type=float, default=None, metavar="P",
                         help="dropout probability at the residual sites (T18)")
+    parser.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", default=None,
+                        help="--device cuda: run every step eagerly. By default the step (forward, backward, "
+                        "clip, AdamW) is captured once per batch shape as a CUDA graph and replayed with one "
+                        "launch, its capture checked bit for bit against the eager step (T07); lr, the batch, "
+                        "dropout's stream and fp16's loss scale are read from device memory at each replay. "
+                        "Features that need the host inside a step (xtrain launch, --log-every 1) keep it "
+                        "eager, with one line saying so")
     parser.add_argument("--no-export", dest="export", action="store_false",
                         help="do not export RUN_DIR/hf/ (Hugging Face layout) at the end")
     parser.add_argument("--no-hf-check", dest="hf_check", action="store_false",
@@ -114,8 +122,25 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     bar.add_argument("--no-progress", dest="progress", action="store_false")
 
 
-def run(args: argparse.Namespace) -> int:
+def asked_dtype(args: argparse.Namespace) -> str | None:
+    """The compute dtype this run will use, as far as it can be told before any work: the flag, else
+    the --config file's, else the resumed run's config.json's (None when none of them says; their
+    errors are reported where they are read)."""
+    if args.dtype:
+        return args.dtype
+    try:
+        if args.config and not args.resume:
+            return TrainConfig.from_file(args.config).dtype
+        if args.resume:
+            with open(os.path.join(args.resume, "config.json")) as f:
+                return json.load(f).get("train", {}).get("dtype")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return None
 
+
+def run(args: argparse.Namespace) -> int:
+    require_device("train", asked_dtype(args))  # before any work: the GPU asked for is there, or one line
     overrides = {dest: getattr(args, dest) for _, dest, _, _ in _FLAGS if getattr(args, dest) is not None}
     if args.name:
         if "out" in overrides:
@@ -129,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
             k, v = item.split("=", 1)
             model[k.strip()] = _parse_value(v.strip())
         overrides["model"] = model
+    if getattr(args, "cuda_graph", None) is not None:
+        overrides["cuda_graph"] = args.cuda_graph
     switches = {"attention": args.attention, "recompute": args.recompute, "dropout": args.dropout}
     switches = {k: v for k, v in switches.items() if v is not None}
     if switches:

@@ -30,7 +30,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from xtrain_lessons.runtime.cuda import SANITIZER_HINT
+from xtrain_lessons.runtime import device
+from xtrain_lessons.runtime.cuda import SANITIZER_HINT, KernelError
 
 PASS, NOT_YET, FAIL = "pass", "not yet", "fail"
 _ICONS = {PASS: "✅", NOT_YET: "⏳", FAIL: "❌"}
@@ -56,6 +57,11 @@ KERNEL_HINT = ("a kernel result that is wrong or NaN usually comes from, in orde
                "guard (a thread past the end reads or writes out of range), a missing __syncthreads() "
                "barrier, a wrong index; " + SANITIZER_HINT)
 _in_kernel_test = False  # set by require_solved while a check runs: the test launches a kernel
+_checking = False  # True while `check` runs a test
+# What a check prints when the emulator's sanitizer stopped a kernel (checks run kernels sanitized).
+SANITIZER_REPORT_HINT = ("the sanitizer stopped your kernel at its first bad access (above): guard every "
+                         "read and write with the bounds it must stay in (i < n, row < M, col < N, k < K) "
+                         "and put a __syncthreads() between writing shared memory and reading it")
 
 
 def _report(name: str, status: str, detail: str = "") -> None:
@@ -141,6 +147,50 @@ def claim(statement: str, holds: Any, figures: str = "") -> None:
     print(f"✔ {statement}")
 
 
+# Every poisoned buffer of the check running now: (name, view, raw bytes, padding in bytes).
+_poisoned: list[tuple[str, Any, Any, int]] = []
+POISON_PAD = 4096  # elements of poison on each side (at least the array's own size)
+
+
+def poisoned(x: Any, name: str = "an array") -> Any:
+    """A copy of `x` inside a larger buffer whose bytes before and after it are 0xFF (NaN for floats,
+    -1 or the largest value for integers), on x's device (NumPy or CuPy).
+
+    A kernel that reads past either end of the returned array reads the poison, so its result is
+    NaN (or wrong) every time, not only when the memory there happens not to be zero; a kernel
+    that writes past either end overwrites the poison, which `check` finds after the test
+    ("the kernel wrote past the end of c"). Pass it to the kernel in place of x:
+
+        c = poisoned(xp.zeros(n, xp.float32), "c")
+        kernel(grid, block, (poisoned(a, "a"), poisoned(b, "b"), c, np.int32(n)))
+    """
+    xp = device.array_module(x)
+    x = xp.ascontiguousarray(x)
+    pad = max(POISON_PAD, x.size) * x.itemsize
+    raw = xp.empty(2 * pad + x.nbytes, dtype=xp.uint8)
+    raw.fill(0xFF)
+    view = raw[pad:pad + x.nbytes].view(x.dtype).reshape(x.shape)
+    view[...] = x
+    if _checking:  # outside a check nobody looks at the poison afterwards: keep nothing
+        _poisoned.append((name, view, raw, pad))
+    return view
+
+
+def _check_poison() -> None:
+    """Raise Mismatch when a kernel wrote into the poison around a `poisoned` array."""
+    try:
+        for name, view, raw, pad in _poisoned:
+            hit = np.flatnonzero(device.to_host(raw != 0xFF))
+            before, after = hit[hit < pad], hit[hit >= pad + view.nbytes]
+            for side, offsets in (("past the end", after[:1]), ("before the start", before[-1:])):
+                if offsets.size:
+                    index = (int(offsets[0]) - pad) // view.itemsize
+                    raise Mismatch(f"the kernel wrote {side} of {name} ({name}[{index}]; it has {view.size} "
+                                   "elements): a bounds guard is missing")
+    finally:
+        _poisoned.clear()
+
+
 def require_solved(source: str) -> None:
     """Raise NotYet when CUDA C source still holds an exercise stub."""
     global _in_kernel_test
@@ -152,10 +202,16 @@ def require_solved(source: str) -> None:
 
 def check(name: str, test: Callable[[], Any]) -> bool:
     """Run a zero-argument test and print pass / not yet / fail. Returns True on pass."""
-    global _in_kernel_test
-    _in_kernel_test = False
+    global _in_kernel_test, _checking
+    _in_kernel_test, _checking = False, True
+    _poisoned.clear()
     try:
-        detail = test()
+        try:
+            detail = test()
+            _check_poison()
+        finally:
+            _checking = False
+            _poisoned.clear()
     except (NotImplementedError, NotYet) as exc:
         hint = str(exc) if isinstance(exc, NotYet) else ""
         _report(name, NOT_YET, hint or "the exercise is not written yet")
@@ -166,6 +222,9 @@ def check(name: str, test: Callable[[], Any]) -> bool:
         return False
     except FloatingPointError as exc:
         _report(name, FAIL, f"{exc} — the text asks for a formula that cannot overflow")
+        return False
+    except KernelError as exc:  # the sanitizer's report (or a deadlock, a barrier divergence)
+        _report(name, FAIL, f"{exc}\n   {SANITIZER_REPORT_HINT}")
         return False
     except Exception as exc:  # the learner's code crashed: say where, keep going
         _report(name, FAIL, f"{type(exc).__name__}: {exc}")

@@ -148,7 +148,7 @@ def check_engine_blas() -> Finding:
     if blas.mkl_loaded():
         return Finding("engine matmuls", OK, name, False)
     on_x86 = platform.machine().lower() in ("x86_64", "amd64")
-    return Finding("engine matmuls", MISSING if on_x86 else OK, f"{name} (no MKL: slower matmuls on x86-64; T07 §10 times both)"
+    return Finding("engine matmuls", MISSING if on_x86 else OK, f"{name} (no MKL: slower matmuls on x86-64; T07 §2 times both)"
                    if on_x86 else name, False, "optional: pip install -e '.[fast]'" if on_x86 else "")
 
 

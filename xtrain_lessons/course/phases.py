@@ -1,4 +1,4 @@
-"""The phase table of the course: one row per phase (T00 … T20) with what it builds, the package
+"""The phase table of the course: one row per phase (T00 … T21) with what it builds, the package
 modules and tests it owns, whether a learner may skip it, and what the reference engine measured.
 
 Everything that lists the phases is generated from this table:
@@ -9,8 +9,8 @@ Everything that lists the phases is generated from this table:
   called by `xtrain notebooks build` and after `xtrain notebooks run`; tests/test_book.py
   checks it is fresh);
 - the "what runs where" table (`RUNS_WHERE`, `runs_where_markdown`): what the CPU and the GPU
-  path compute for real and what they emulate. The GPU column is the engine's target while the
-  GPU path is being built: update it here, in one place.
+  path compute for real and what they emulate, the GPU column headed by the engine's last run on a
+  real GPU against torch (`gpu_runs.py`, the one place those figures are written).
 
 Run times are measured, never typed: `xtrain notebooks run` records how long each solution
 notebook took (and on how many cores) in `run_times.json` beside this module.
@@ -24,6 +24,8 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from xtrain_lessons.course import gpu_runs
 
 RUN_TIMES = Path(__file__).with_name("run_times.json")
 REPO = Path(__file__).resolve().parents[2]
@@ -54,15 +56,16 @@ TABLE: list[Phase] = [
           ["course/checks.py", "course/deps.py", "course/notebooks.py", "course/doctor.py", "course/phases.py",
            "cli/main.py", "cli/errors.py", "cli/notebooks.py", "cli/doctor.py"],
           ["test_course.py", "test_mutants.py", "test_notebook_pipeline.py", "test_notebook_outputs.py",
-           "test_doctor.py", "test_cli.py", "test_packaging.py", "test_book.py", "test_layers.py",
+           "test_doctor.py", "test_cli.py", "test_packaging.py", "test_book.py", "test_book_references.py", "test_layers.py",
            "test_phase_map.py"], core=True),
     Phase("T01", "devices_and_kernels", "Devices and the build chain",
           "host and device memory, NumPy vs CuPy, a vector-add CUDA C kernel on a GPU and on the CPU "
           "emulator, compile checks, timing with syncs",
-          ["runtime/device.py", "runtime/cuda/", "runtime/kernels/vector_add.py", "cupy_standin/"],
+          ["runtime/device.py", "runtime/cuda/", "runtime/kernels/vector_add.py", "cupy_standin/",
+           "course/kernel_trace.py"],
           ["test_device.py", "test_cuda_emulator.py", "test_nvcc_compile.py", "test_nvrtc_compile.py",
            "test_emulator_features.py", "test_emulator_sanitizer.py", "test_fake_cupy.py",
-           "test_gpu_path.py"],
+           "test_gpu_path.py", "test_book_kernel_trace.py"],
           core=True, reference="vector add verified against the host"),
     Phase("T02", "tensors", "Tensors",
           "dtype, shape, strides, storage; views vs copies; broadcasting; elementwise, transpose and "
@@ -104,13 +107,15 @@ TABLE: list[Phase] = [
           "and MFU",
           ["runtime/cpu_threads.py", "runtime/blas.py", "runtime/host/fused_rows.py", "runtime/opset/",
            "runtime/kernels/adamw.py", "measure/bench.py", "measure/torch_twin.py",
-           "measure/profiler.py", "cli/bench.py", "runtime/kernels/_common.py", "runtime/kernels/rmsnorm.py",
-           "runtime/kernels/swiglu.py", "runtime/kernels/rope.py", "runtime/kernels/softmax.py",
-           "runtime/kernels/cross_entropy.py", "runtime/kernels/residual.py", "runtime/kernels/grad_norm.py",
-           "model/inputs.py", "measure/bench_gpu.py", "measure/device_calls.py", "training/loop/cuda_graph.py",
-           "runtime/cublas_direct.py"],
+           "measure/profiler.py", "course/gpu_runs.py", "cli/bench.py", "runtime/kernels/_common.py",
+           "runtime/kernels/rmsnorm.py", "runtime/kernels/swiglu.py", "runtime/kernels/rope.py",
+           "runtime/kernels/softmax.py", "runtime/kernels/cross_entropy.py", "runtime/kernels/residual.py",
+           "runtime/kernels/grad_norm.py", "model/inputs.py", "measure/bench_gpu.py", "measure/device_calls.py",
+           "training/loop/cuda_graph.py", "runtime/cublas_direct.py", "measure/gpu_specs.py", "cli/device_check.py"],
           ["test_cpu_threads.py", "test_blas.py", "test_fused_rows.py", "test_opset.py", "test_profiler.py",
-           "test_kernels_adamw.py", "test_kernels_step.py", "test_gpu_engine.py", "test_cuda_graph.py"],
+           "test_kernels_adamw.py", "test_kernels_step.py", "test_gpu_engine.py", "test_cuda_graph.py",
+           "test_cublas_direct.py", "test_torch_baselines.py", "test_device_refusal.py",
+           "test_gpu_lease.py"],
           reference="~3×, 2.7K → 8.5K tok/s"),
     Phase("T08", "data_parallel", "Data parallelism",
           "a ring all-reduce by hand, DDP, weak vs strong scaling",
@@ -137,7 +142,8 @@ TABLE: list[Phase] = [
           ["model/recompute.py"], ["test_recompute.py"]),
     Phase("T14", "flash_attention", "Flash-attention",
           "online softmax, a tiled forward keeping output and logsumexp, a recomputing backward, a CUDA kernel",
-          ["model/flash_attention.py", "runtime/kernels/flash_attention.py"], ["test_flash_attention.py"],
+          ["model/flash_attention.py", "runtime/kernels/flash_attention.py", "runtime/kernels/flash_attention_tc.py"],
+          ["test_flash_attention.py", "test_flash_attention_tc.py"],
           reference="peak memory 16% at seq 1024, 23% at 2048"),
     Phase("T15", "gqa", "Grouped-query attention",
           "repeat_kv with a summing backward; group size 1 equals multi-head attention",
@@ -159,10 +165,21 @@ TABLE: list[Phase] = [
           ["measure/evaluate.py", "measure/study.py", "measure/scaling_law.py", "measure/study_plots.py",
            "cli/eval.py", "cli/study.py"], ["test_eval.py", "test_study.py", "test_mutants_T19.py"],
           reference="the v0–v10 study: data saturates; more data, then capacity, help most together"),
-    Phase("T20", "grpo", "Post-training with GRPO",
-          "REINFORCE, group-relative advantages, the clipped surrogate with a KL term, a reward that rises",
-          ["training/grpo.py", "training/rewards.py", "training/post_train.py", "cli/grpo.py",
-           "measure/grpo_bench.py"], ["test_grpo.py", "test_mutants_T20.py"], needs=("T10",),
+    Phase("T20", "sft", "Supervised fine-tuning",
+          "prompt + response batches with a response mask, the masked NLL over a constant, gradient "
+          "accumulation, an arithmetic task with an answer parser; held-out accuracy that rises",
+          ["training/posttrain/batch.py", "training/posttrain/logprobs.py", "training/posttrain/aggregate.py",
+           "training/posttrain/sft.py", "training/posttrain/sft_run.py", "training/posttrain/arith.py",
+           "training/posttrain/arith_base.py", "training/posttrain/answers.py", "training/posttrain/accuracy.py",
+           "training/posttrain/pairs.py", "training/posttrain/run_files.py", "cli/sft.py"],
+          ["test_sft.py", "test_posttrain_losses.py"], needs=("T10",),
+          reference="pretrain → SFT → RL, as the standard pipeline runs it"),
+    Phase("T21", "grpo", "Post-training with GRPO",
+          "REINFORCE, group-normalised advantages, the policy-gradient family, the clipped surrogate with "
+          "a KL term, the aggregation choices, a held-out accuracy that GRPO raises",
+          ["training/posttrain/grpo.py", "training/posttrain/rollouts.py", "training/posttrain/rewards.py",
+           "training/posttrain/post_train.py", "training/posttrain/advantages.py", "training/posttrain/pg_loss.py",
+           "cli/grpo.py", "measure/grpo_bench.py"], ["test_grpo.py", "test_mutants_T21.py"], needs=("T20",),
           reference="batched clipped-PG loss == looped to 1.5e-8"),
 ]
 
@@ -172,11 +189,9 @@ PHASES = {p.id: (p.topic, p.modules, p.tests) for p in TABLE}
 
 
 # ---- what runs where ----------------------------------------------------------------------------
-# (what, on the CPU (NumPy), on a GPU (CuPy)). The GPU column is the engine's target while the GPU
-# path is being built (update it here when it lands).
-GPU_STATUS = ("run on one H100 (November 2026), against torch in the same run: float32 1.26-1.27x torch eager "
-              "at the 20m and GPT-2-small shapes (0.89x at the launch-bound tiny one); the step as a CUDA graph "
-              "1.28-4.3x eager in float32 and 1.42-1.45x torch autocast in bf16 (eager: 0.74-0.88x)")
+# (what, on the CPU (NumPy), on a GPU (CuPy)). The GPU column is what the GPU path computes; its
+# heading, the engine against torch on a real GPU, is computed from the recorded run (gpu_runs.py).
+GPU_STATUS = gpu_runs.gpu_status()
 RUNS_WHERE: list[tuple[str, str, str]] = [
     ("float32", "real: NumPy float32, matmuls through MKL or OpenBLAS",
      "real: CuPy float32, every product one cuBLAS GEMM (no TF32)"),

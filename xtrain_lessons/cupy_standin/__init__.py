@@ -35,7 +35,9 @@ It follows CuPy's rules where a NumPy-only program would pass unnoticed:
   runs every call as it is made but refuses what CUDA or CuPy refuse while capturing: a host
   synchronisation, a host <-> device copy, and any call through CuPy's cuBLAS binding (cupy.matmul,
   dot, einsum: "calling cuBLAS API during stream capture is currently unsupported", seen on an
-  H100); its Graph cannot be replayed.
+  H100); its Graph cannot be replayed, except inside `replaying_graphs()`: there the capture also
+  records how to redo each device call (a kernel's and a host scalar's values as they were, every
+  array by its memory, as a CUDA graph records them) and `Graph.launch` redoes them in order.
 * `cuda.Device`, `cuda.Stream`, `cuda.runtime` and a `MemoryPool` that does CuPy's
   bookkeeping: every new array takes a block rounded up to 512 bytes, freed blocks are
   cached for reuse (``used_bytes`` / ``total_bytes`` / ``free_all_blocks``).
@@ -76,6 +78,38 @@ _HOST_MSG = ("Implicit conversion to a NumPy array is not allowed. "
 
 
 _capturing: list = []  # the stream that is capturing a CUDA graph now, if any
+_replay = [False]  # replaying_graphs(): captures record their calls, graphs replay them
+
+
+@contextlib.contextmanager
+def replaying_graphs():
+    """Inside the block a capture records each device call as a CUDA graph does (arguments by value,
+    arrays by their memory) and its Graph's `launch` redoes them in order, writing every result into
+    the memory the capture's call wrote. What it proves: a step replayed from device memory gives the
+    bits of the step run again (what changes between steps must be in device memory, not in a value
+    the capture kept). What it does not: a graph's memory reuse (each recorded array is kept alive
+    by the graph), asynchrony, anything of CUDA's graph API beyond capture and launch."""
+    before, _replay[0] = _replay[0], True
+    try:
+        yield
+    finally:
+        _replay[0] = before
+
+
+def _record(redo, out=None) -> None:
+    """While a stream captures with replays on: `redo()` recomputes a call on the arrays it read
+    (NumPy's, by reference) and returns the result, which a replay writes into `out` (the
+    ndarray, or tuple of them, the call returned; None: `redo` writes in place)."""
+    if _capturing and _capturing[-1]._calls is not None:
+        _capturing[-1]._calls.append((redo, out))
+
+
+def _write(out, res) -> None:
+    if isinstance(out, (tuple, list)):
+        for o, r in zip(out, res):
+            _write(o, r)
+    elif isinstance(out, ndarray):
+        out._a[...] = res
 
 
 _CUBLAS_IN_CAPTURE = "calling cuBLAS API during stream capture is currently unsupported"  # CuPy 14's words
@@ -355,45 +389,67 @@ class ndarray:
             return _wrap(attr)
 
         def method(*a, **k):
-            res = attr(*_unwrap(a), **{kk: _unwrap(v) for kk, v in k.items()})
+            ua, uk = _unwrap(a), {kk: _unwrap(v) for kk, v in k.items()}
+            res = attr(*ua, **uk)
             if name not in _NO_LAUNCH and not (name == "copy" and not self._a.size):
                 _device_call("method", name, self, res)
-            return _wrap(res)
+            out = _wrap(res)
+            if name not in _NO_LAUNCH or _new_memory(res, self._a):  # (a reshape may copy)
+                _record(lambda: attr(*ua, **uk), out)
+            return out
         return method
 
     def astype(self, dtype, order="K", casting=None, subok=None, copy=True):
         res = self._a.astype(dtype, order=order, copy=copy)
+        out = ndarray._wrap(res)
         if copy or np.dtype(dtype) != self._a.dtype:
             _device_call("copy", "astype", self, res)
-        return ndarray._wrap(res)
+            _record(lambda: self._a.astype(dtype, order=order), out)
+        return out
 
     def __getitem__(self, key):
-        res = self._a[_unwrap(key, allow_host=True)]
+        uk = _unwrap(key, allow_host=True)
+        res = self._a[uk]
+        if isinstance(res, np.generic):  # an element: a 0-d view in CuPy (NumPy gives a copied scalar)
+            res = self._a[(*(uk if isinstance(uk, tuple) else (uk,)), Ellipsis)]
+        out = _wrap(res)
         if _advanced(key):
             _device_call("index", "getitem", res, res)  # read and written
-        return _wrap(res)
+            _record(lambda: self._a[uk], out)
+        return out
 
     def __setitem__(self, key, value):
         if isinstance(value, np.ndarray) and value.ndim:
             raise ValueError("non-scalar numpy.ndarray cannot be used for fill")  # CuPy's fill
         target = self._a[_unwrap(key, allow_host=True)] if not _advanced(key) else None
         _device_call("index", "setitem", value, target)
-        self._a[_unwrap(key, allow_host=True)] = value[()] if isinstance(value, np.ndarray) else _unwrap(value)
+        uk, uv = _unwrap(key, allow_host=True), value[()] if isinstance(value, np.ndarray) else _unwrap(value)
+        self._a[uk] = uv
+        _record(lambda: self._a.__setitem__(uk, uv))
 
     # -- NumPy's protocols: a ufunc or function on a cupy array runs "on the device" ------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         if "out" in kwargs:
             kwargs["out"] = tuple(_unwrap(o) for o in kwargs["out"])
-        res = getattr(ufunc, method)(*_unwrap(inputs), **kwargs)
+        ui = _unwrap(inputs)
+        res = getattr(ufunc, method)(*ui, **kwargs)
         _device_call("ufunc", ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}", *inputs,
                      *(res if isinstance(res, tuple) else (res,)))
-        return _wrap(res) if method != "at" else None
+        out = _wrap(res) if method != "at" else None
+        _record(lambda: getattr(ufunc, method)(*ui, **kwargs), out)
+        return out
 
     def __array_function__(self, func, types_, args, kwargs):
         name = func.__name__
         if name not in NAMES["cupy"]:
             raise TypeError(f"numpy.{name} has no CuPy counterpart (cupy.{name} does not exist)")
         return getattr(sys.modules[__name__], name)(*args, **kwargs)
+
+
+def _new_memory(res, *sources) -> bool:
+    """Whether `res` (a call's result) is an array in memory of its own, not a view of a source."""
+    return isinstance(res, np.ndarray) and res.size > 0 and not any(
+        isinstance(a, np.ndarray) and np.may_share_memory(res, a) for a in sources)
 
 
 def _advanced(key) -> bool:
@@ -443,16 +499,21 @@ def _binary(op, name, reflected=False):
     def method(self, other):
         if not reflected and not isinstance(other, ndarray) and _should_use_rop(self, other):
             return NotImplemented
-        res = op(self._a, _unwrap(other))
+        uo = _unwrap(other)
+        res = op(self._a, uo)
         _device_call("library" if name == "matmul" else "op", name, self, other, res)
-        return _wrap(res)
+        out = _wrap(res)
+        _record(lambda: op(self._a, uo), out)
+        return out
     return method
 
 
 def _inplace(op, name):
     def method(self, other):
         _device_call("op", f"i{name}", self, other)
-        op(self._a, _unwrap(other), out=self._a)
+        uo = _unwrap(other)
+        op(self._a, uo, out=self._a)
+        _record(lambda: op(self._a, uo, out=self._a))
         return self
     return method
 
@@ -474,7 +535,9 @@ def _unary(op, name):
     def method(self):
         res = op(self._a)
         _device_call("op", name, self, res)
-        return ndarray._wrap(res)
+        out = ndarray._wrap(res)
+        _record(lambda: op(self._a), out)
+        return out
     return method
 
 
@@ -496,9 +559,12 @@ class ufunc:
         if "out" in kwargs:
             out = kwargs["out"]
             kwargs["out"] = tuple(_unwrap(o) for o in out) if isinstance(out, tuple) else _unwrap(out)
-        res = self._u(*_unwrap(args), **kwargs)
+        ua = _unwrap(args)
+        res = self._u(*ua, **kwargs)
         _device_call("ufunc", self.__name__, *args, *(res if isinstance(res, tuple) else (res,)))
-        return _wrap(res)
+        out = _wrap(res)
+        _record(lambda: self._u(*ua, **kwargs), out)
+        return out
 
     def __getattr__(self, name):
         if name.startswith("_") or name not in NAMES["cupy.ufunc"]:
@@ -508,9 +574,12 @@ class ufunc:
             return f
 
         def method(*a, **k):
-            res = f(*_unwrap(a), **{kk: _unwrap(v) for kk, v in k.items()})
+            ua, uk = _unwrap(a), {kk: _unwrap(v) for kk, v in k.items()}
+            res = f(*ua, **uk)
             _device_call("ufunc", f"{self.__name__}.{name}", *a, res)
-            return _wrap(res)
+            out = _wrap(res)
+            _record(lambda: f(*ua, **uk), out)
+            return out
         return method
 
 
@@ -534,8 +603,9 @@ def _function(name, f):
     def run(*args, **kwargs):
         if name in ("dot", "tensordot", "einsum", "inner", "vdot"):
             _refuse_cublas_in_capture()
-        res = (_matmul if name == "matmul" else f)(*_unwrap(args, host_ok),
-                                                   **{k: _unwrap(v, host_ok) for k, v in kwargs.items()})
+        fn = _matmul if name == "matmul" else f
+        ua, uk = _unwrap(args, host_ok), {k: _unwrap(v, host_ok) for k, v in kwargs.items()}
+        res = fn(*ua, **uk)
         if host_ok:
             if args and isinstance(args[0], np.ndarray) and isinstance(res, np.ndarray) and np.may_share_memory(
                     res, args[0]):
@@ -545,7 +615,11 @@ def _function(name, f):
             arrays = [a for a in (*args, *kwargs.values()) if isinstance(a, ndarray)]
             _device_call("library" if name in ("matmul", "dot", "tensordot", "einsum") else "fn", name, *arrays,
                          *(res if isinstance(res, (tuple, list)) else (res,)))
-        return _wrap(res)
+        out = _wrap(res)
+        if not (name in _NO_LAUNCH or host_ok) or (name not in ("empty", "empty_like") and
+                                                   _new_memory(res, *ua, *uk.values())):  # (a reshape may copy)
+            _record(lambda: fn(*ua, **uk), out)
+        return out
     run.__name__ = name
     return run
 
@@ -654,14 +728,16 @@ class RawKernel:
                 raise TypeError(f"Unsupported type {type(a)} (argument {i}): a kernel cannot read host memory")
         stats["kernel_launches"] += 1
         _device_call("kernel", self.name, *(a for a in args if isinstance(a, ndarray)))
+        ua = tuple(a._a if isinstance(a, ndarray) else a for a in args)
+        run = lambda: self._k(grid, block, ua, shared_mem=shared_mem)  # noqa: E731
         if os.environ.get("XTRAIN_STANDIN_KERNELS") == "reference":
             if not _REFERENCES:
                 _REFERENCES.update(_reference_kernels())
-            run = _REFERENCES.get(self.name.split("<")[0])
-            if run is not None:
-                run(*(a._a if isinstance(a, ndarray) else a for a in args))
-                return
-        self._k(grid, block, tuple(a._a if isinstance(a, ndarray) else a for a in args), shared_mem=shared_mem)
+            ref = _REFERENCES.get(self.name.split("<")[0])
+            if ref is not None:
+                run = lambda: ref(*ua)  # noqa: E731
+        run()
+        _record(run)
 
 
 class RawModule:
@@ -705,24 +781,33 @@ class _Stream:
             raise RuntimeError("cannot capture on the default (legacy) stream")
         if _capturing:
             raise RuntimeError("cudaErrorIllegalState: a stream is capturing already")
+        self._calls = [] if _replay[0] else None
         _capturing.append(self)
 
     def end_capture(self):
         if self not in _capturing:
             raise RuntimeError("cudaErrorIllegalState: the stream is not capturing")
         _capturing.remove(self)
-        return _Graph()
+        return _Graph(self._calls)
 
     def is_capturing(self):
         return self in _capturing
 
 
 class _Graph:
-    """cupy.cuda.Graph, as the stand-in can make one: the calls ran during the capture already."""
+    """cupy.cuda.Graph, as the stand-in can make one: the calls ran during the capture already; inside
+    replaying_graphs() it also recorded how to redo them (see there)."""
+
+    def __init__(self, calls=None):
+        self._calls = calls
 
     def launch(self, stream=None):
-        raise RuntimeError("the CPU stand-in for CuPy cannot replay a CUDA graph (it ran every call during "
-                           "the capture): replaying needs a real GPU")
+        if self._calls is None:
+            raise RuntimeError("the CPU stand-in for CuPy cannot replay a CUDA graph (it ran every call during "
+                               "the capture): replaying needs a real GPU")
+        _device_call("graph", "launch")
+        for redo, out in self._calls:
+            _write(out, redo())
 
     def upload(self, stream=None):
         return None
@@ -839,6 +924,10 @@ class _DirectCublas:
 
     def gemm_strided_batched_ex(self, stream_ptr, *args) -> None:
         _gemm("cublasGemmStridedBatchedEx", *args)
+        if _capturing and _capturing[-1]._calls is not None:  # the graph keeps the operands' memory alive
+            live = [buf for ptr in (args[6], args[10], args[15]) for buf in list(_BUFFERS.values())
+                    if buf.__array_interface__["data"][0] <= ptr < buf.__array_interface__["data"][0] + buf.nbytes]
+            _record(lambda: (live, _gemm("cublasGemmStridedBatchedEx", *args))[1])
 
 
 _direct = _DirectCublas()

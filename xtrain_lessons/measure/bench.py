@@ -7,7 +7,10 @@ Times full training steps (forward, backward, gradient clipping, AdamW) of the e
 model and of PyTorch twins (`torch_twin`: same config, weights, batches and thread count) in
 one run. Baselines (`--against`, default ``eager``): ``eager`` (attention composed from
 matmul + mask + softmax as in the engine), ``sdpa`` (`F.scaled_dot_product_attention`),
-``compile`` (the sdpa model under `torch.compile`). Every stepper first takes one step on a
+``compile`` (the sdpa model's forward and loss under `torch.compile`, and its clip + AdamW step
+compiled apart), ``amp`` (sdpa under autocast bf16); ``reduce-overhead`` and ``cuda-graph`` are CUDA
+graphs, for `--device cuda` (measure/bench_gpu.py); a baseline that cannot run prints one line
+and the others go on. Every stepper first takes one step on a
 warm-up batch (same weights: the first losses agree; for compile this step is the
 compilation, reported and excluded), then `--rounds` rounds of one block per stepper
 (`--steps` timed steps each, after one untimed step), so that all see the same machine load
@@ -41,7 +44,7 @@ import time
 
 import numpy as np
 
-from xtrain_lessons.measure.torch_twin import KINDS, torch_stepper
+from xtrain_lessons.measure.torch_twin import KINDS, BaselineUnavailable, torch_stepper
 from xtrain_lessons.model.qwen3 import PRESETS, Model
 from xtrain_lessons.runtime import blas, cpu_threads
 from xtrain_lessons.runtime.allocator import keep_freed_memory
@@ -149,7 +152,13 @@ def _baselines(config, init, threads, against) -> dict:
         print("torch is not installed, so there is nothing to compare against "
               "(pip install torch --index-url https://download.pytorch.org/whl/cpu)")
         return {}
-    return {kind: torch_stepper(config, init, threads, kind)[0] for kind in against}
+    steppers = {}
+    for kind in against:
+        try:
+            steppers[kind] = torch_stepper(config, init, threads, kind)[0]
+        except BaselineUnavailable as e:  # a GPU baseline named on the CPU: one line, the others go on
+            print(f"torch {kind}: not measured: {e}")
+    return steppers
 
 
 def _timed_rounds(steppers: dict, batches: list, rounds: int, steps: int) -> dict:
@@ -179,7 +188,7 @@ def run_train_bench(args) -> int:
     if args.steps < 1 or args.rounds < 1:
         print("xtrain bench: --steps and --rounds must be at least 1")
         return 2
-    against = [] if args.no_torch else parse_against(args.against)
+    against = [] if args.no_torch else parse_against(args.against or "eager")
     if against is None:
         return 2
     base = PRESETS[args.preset]
@@ -202,7 +211,16 @@ def run_train_bench(args) -> int:
 
     engine, init = engine_stepper(config)
     steppers = {"engine": engine, **_baselines(config, init, threads, against)}
-    first = {name: step(warm) for name, step in steppers.items()}  # same weights: same loss
+    first = {}
+    for name, step in list(steppers.items()):  # same weights: same loss
+        try:
+            first[name] = step(warm)
+        except Exception as e:  # noqa: BLE001 - a baseline that fails (torch.compile without a compiler): one line
+            if name == "engine":
+                raise
+            print(f"torch {name}: not measured: {type(e).__name__}: {str(e).strip().splitlines()[0][:240]}")
+            del steppers[name]
+    against = [n for n in against if n in steppers]
     times = _timed_rounds(steppers, batches, args.rounds, args.steps)
     memory = {name: peak_rss_delta(lambda s=step: s(batches[-1])) for name, step in steppers.items()}
     peak = max(peak, sgemm_peak((args.peak_n or 1536)))  # the best seen, before or after
@@ -220,7 +238,7 @@ def run_train_bench(args) -> int:
               f"{' (compilation, excluded)' if name == 'compile' else ''}, "
               f"step peak RSS +{_mib(memory[name])}")
     if len(steppers) == 1:
-        why = "torch not run" if args.no_torch else "torch not installed"
+        why = "torch not run" if args.no_torch else "no torch baseline ran"
         print(f"throughput vs torch: n/a (engine {tps['engine']:,.0f} tok/s, {why}, "
               f"MFU {100 * mfu['engine']:.1f}%)")
         return 0

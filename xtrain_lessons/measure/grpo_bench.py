@@ -1,4 +1,4 @@
-"""Benchmark of GRPO's scoring forwards (T20): one right-padded batch against a loop.
+"""Benchmark of GRPO's scoring forwards (T21): one right-padded batch against a loop.
 
     xtrain bench grpo [--preset tiny] [--vocab-size 2048] [--batch-size 16] [--seq-len 48]
                       [--rounds 3] [--threads N]
@@ -26,13 +26,13 @@ import numpy as np
 from xtrain_lessons.autograd.tensor import no_grad
 from xtrain_lessons.model.qwen3 import PRESETS, Model
 from xtrain_lessons.runtime.cpu_threads import get_threads, set_blas_threads
-from xtrain_lessons.training.grpo import (
+from xtrain_lessons.training.posttrain.grpo import (
     Rollout,
     clipped_pg_loss,
     clipped_pg_loss_looped,
     rollout_batch,
-    sequence_logprobs,
 )
+from xtrain_lessons.training.posttrain.logprobs import sequence_logprobs
 
 
 def _rollouts(n: int, max_completion: int, vocab: int, seed: int = 0) -> list:

@@ -1,6 +1,7 @@
 """A scaling law L(N, D) = E + A / N^alpha + B / D^beta, fitted with NumPy alone (T19).
 
     fit = fit_scaling_law(N, D, L)          # {"E", "A", "alpha", "B", "beta", "rms_log_error"}
+    fit_scaling_law(N, D, L, E=0.8)         # the floor fixed, the other four fitted (a profile over E)
     predict(fit, N, D)                      # the law's loss
     compute_optimal(fit, C)                 # {"N", "D", "loss"} minimising L under 6*N*D = C
 
@@ -9,6 +10,10 @@ minimise sum_i (log L_hat(N_i, D_i) - log L_i)^2 over theta = (log E, log A, log
 beta), so every point counts by its relative error and E, A, B stay positive. The solver is
 Levenberg-Marquardt with the exact Jacobian, started from a small grid of exponents; the
 best end point is kept (the problem has flat valleys, one start can stop in the wrong one).
+
+On a grid far from convergence the floor E is often not determined: the best fit may put it at 0
+and give the power terms everything, while a floor of half the lowest loss fits almost as well.
+Fitting with E fixed at several values (a profile) shows how much the data say about it.
 
 Compute-optimal size: with C = 6 N D, L(N, C / 6N) is smallest at
 N* = G (C/6)^(beta / (alpha + beta)),  G = (alpha A / (beta B))^(1 / (alpha + beta)).
@@ -40,13 +45,15 @@ def _residual_and_jacobian(theta, lnN, lnD, lnL):
     return r, J
 
 
-def _levenberg_marquardt(theta, lnN, lnD, lnL, iters: int = 300):
+def _levenberg_marquardt(theta, lnN, lnD, lnL, iters: int = 300, free=slice(None)):
+    """Minimise |r|^2 over theta[free]; the other entries stay as given."""
     lam = 1e-3
     r, J = _residual_and_jacobian(theta, lnN, lnD, lnL)
     cost = float(r @ r)
     for _ in range(iters):
-        g, H = J.T @ r, J.T @ J
-        step = np.linalg.solve(H + lam * np.diag(np.diag(H) + 1e-12), -g)
+        g, H = J[:, free].T @ r, J[:, free].T @ J[:, free]
+        step = np.zeros_like(theta)
+        step[free] = np.linalg.solve(H + lam * np.diag(np.diag(H) + 1e-12), -g)
         new = theta + step
         new[3:] = np.clip(new[3:], 1e-3, 5.0)  # exponents stay positive and sane
         r2, J2 = _residual_and_jacobian(new, lnN, lnD, lnL)
@@ -63,8 +70,9 @@ def _levenberg_marquardt(theta, lnN, lnD, lnL, iters: int = 300):
     return theta, cost
 
 
-def fit_scaling_law(N, D, L) -> dict:
-    """Least squares in log space (module docstring). N, D, L: 1-D arrays of equal length >= 5."""
+def fit_scaling_law(N, D, L, E: float | None = None) -> dict:
+    """Least squares in log space (module docstring). N, D, L: 1-D arrays of equal length >= 5.
+    With E given, the floor is fixed at E (0 <= E < min L) and the other four are fitted."""
     N, D, L = (np.asarray(v, dtype=np.float64).ravel() for v in (N, D, L))
     if not (len(N) == len(D) == len(L)):
         raise ValueError(f"fit_scaling_law: N, D, L have lengths {len(N)}, {len(D)}, {len(L)}")
@@ -72,18 +80,22 @@ def fit_scaling_law(N, D, L) -> dict:
         raise ValueError(f"fit_scaling_law: 5 parameters need at least 5 points, got {len(L)}")
     if (N <= 0).any() or (D <= 0).any() or (L <= 0).any():
         raise ValueError("fit_scaling_law: N, D and L must be positive")
+    if E is not None and not 0 <= E < L.min():
+        raise ValueError(f"fit_scaling_law: a fixed floor E must be in [0, min L) = [0, {L.min():.4g}), got {E}")
     lnN, lnD, lnL = np.log(N), np.log(D), np.log(L)
+    free = [1, 2, 3, 4] if E is not None else slice(None)
     best = None
     for e_frac, alpha, beta in itertools.product((0.5, 0.9), (0.2, 0.5, 1.0), (0.2, 0.5, 1.0)):
-        e = math.log(e_frac * L.min())
-        rest = L.max() - e_frac * L.min()  # the two power terms share what E does not explain
+        floor = e_frac * L.min() if E is None else E
+        e = math.log(floor) if floor > 0 else -np.inf
+        rest = L.max() - floor  # the two power terms share what E does not explain
         a = math.log(rest / 2) + alpha * lnN.mean()
         b = math.log(rest / 2) + beta * lnD.mean()
-        theta, cost = _levenberg_marquardt(np.array([e, a, b, alpha, beta]), lnN, lnD, lnL)
+        theta, cost = _levenberg_marquardt(np.array([e, a, b, alpha, beta]), lnN, lnD, lnL, free=free)
         if best is None or cost < best[1]:
             best = (theta, cost)
     (e, a, b, alpha, beta), cost = best
-    return {"E": math.exp(e), "A": math.exp(a), "alpha": float(alpha), "B": math.exp(b),
+    return {"E": math.exp(e) if E is None else float(E), "A": math.exp(a), "alpha": float(alpha), "B": math.exp(b),
             "beta": float(beta), "rms_log_error": math.sqrt(cost / len(L)), "n_points": len(L)}
 
 

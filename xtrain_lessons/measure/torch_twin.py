@@ -1,34 +1,60 @@
 """The engine's model as PyTorch, for `xtrain bench train`'s baselines (phase T07).
 
-    step, threads = torch_stepper(config, engine.state_dict(), threads, kind="compile")
+    step, threads = torch_stepper(config, engine.state_dict(), threads, kind="sdpa", device="cuda",
+                                  precision="bf16")
+    step.prepare(batches)        # pins the batches (on a GPU), outside the timing, as a DataLoader does
     loss, seconds = step(batch)  # batch: int64 (B, T + 1) tokens
 
-Four kinds, the same model, weights, optimizer and thread count:
-- ``eager``: attention composed from matmul + causal mask + softmax + matmul, as the engine's
-  own `causal_attention` computes it;
-- ``sdpa``: attention is `F.scaled_dot_product_attention(is_causal=True)` (torch's fused
-  kernel: flash-style blocks, causal blocks skipped);
-- ``compile``: the sdpa model and its cross-entropy under `torch.compile` (inductor: fused
-  elementwise kernels in C++, or Triton on a GPU); its first step compiles;
-- ``amp``: the sdpa model under `torch.autocast(dtype=torch.bfloat16)`, torch's mixed precision
-  (float32 weights and optimizer, bf16 matmuls): the baseline of the engine's `--dtype bf16`.
+The same model, weights, optimizer recipe and batches as the engine; the kinds:
+- ``eager``: attention composed from matmul + causal mask + softmax + matmul, as the engine's own
+  `causal_attention` computes it (the CPU lesson's baseline);
+- ``sdpa``: attention is `F.scaled_dot_product_attention(is_causal=True)` (flash-style blocks,
+  masked blocks skipped): what a PyTorch user runs eagerly;
+- ``compile``: the sdpa model's forward and loss under `torch.compile` (default mode; AOTAutograd
+  compiles their backward with them), and the clip + AdamW step compiled apart, as PyTorch's recipe
+  "(beta) Compiling the optimizer with torch.compile" does (AdamW's default foreach implementation,
+  which inductor fuses); the first step compiles;
+- ``reduce-overhead``: the same under `mode="reduce-overhead"` (inductor's CUDA graphs, "CUDA graph
+  trees", of the forward, the backward and the optimizer step; a GPU baseline);
+- ``cuda-graph``: the whole step (forward, loss, backward, clip, `AdamW(fused=True, capturable=True)`)
+  captured once with `torch.cuda.graph` and replayed, as PyTorch's CUDA-semantics notes capture a
+  whole network (warm-up on a side stream, grads set to None before the capture, autocast with
+  `cache_enabled=False`); the weights and AdamW's state are put back after the warm-up, so the first
+  replay is the first step (a GPU baseline);
+- ``amp``: the sdpa model under `torch.autocast(dtype=torch.bfloat16)` whatever the precision asked
+  for (the name the CPU bench and earlier GPU runs use).
 
-`device="cuda"` puts the twin on the GPU (the batch is copied there each step, as the engine
-copies its own); its step then returns the loss as a device tensor, not a float: the caller
-times a block of steps between two synchronisations, as a training loop would run.
+`precision` ("float32", "bf16" or "fp16", `--dtype` on the GPU): bf16 / fp16 run forward and loss
+under `torch.autocast` of that dtype, with float32 weights and optimizer, as PyTorch's mixed precision
+does; the loss is computed inside autocast, which computes its log-softmax in float32 and widens
+nothing else (no float32 copy of the logits beside it). fp16 adds `torch.amp.GradScaler`, whose
+step reads found-inf on the host, so it is measured with the eager kinds only.
 
-The step is forward, cross-entropy, backward, `clip_grad_norm_(1.0)` and `AdamW` (decay on
-matrices only), the engine's recipe.
+On "cuda" every kind uses `AdamW(fused=True)` (the compiled kinds: the compiled foreach one) and
+takes its batches from pinned host memory with `non_blocking=True` copies (`step.prepare` pins
+them beforehand; an unprepared batch is pinned when first seen); the step returns the loss as a
+device tensor (no synchronisation): the caller times blocks of steps between two synchronisations.
+On the CPU the optimizer is AdamW's default and batches are used where they are.
+
+A baseline that cannot be built here raises BaselineUnavailable with a one-line reason (a GPU kind
+on the CPU, fp16 with a graph); torch.compile's own failures surface at the first step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
 import numpy as np
 
-KINDS = ("eager", "sdpa", "compile", "amp")
+KINDS = ("eager", "sdpa", "compile", "reduce-overhead", "cuda-graph", "amp")
+CPU_KINDS = ("eager", "sdpa", "compile", "amp")  # reduce-overhead and cuda-graph are CUDA graphs
+PRECISIONS = ("float32", "bf16", "fp16")
+
+
+class BaselineUnavailable(RuntimeError):
+    """This baseline cannot run here; the message says why in one line."""
 
 
 def torch_model(c, torch, attention: str = "composed"):
@@ -136,48 +162,186 @@ def torch_model(c, torch, attention: str = "composed"):
     return LM()
 
 
-def torch_stepper(config, init_state: dict, threads: int | None, kind: str = "eager", device: str = "cpu"):
-    """(step(batch) -> (loss, seconds), torch's thread count) for the PyTorch twin of `kind`
-    (see the module docstring), starting from the engine's weights. For "compile" the first
-    step compiles (tens of seconds). On "cuda" the loss is a device tensor (no synchronisation)."""
-    import contextlib  # noqa: PLC0415
+def _compile(torch, fn, mode):
+    """torch.compile(fn) in `mode` (None: the default). One seam, so tests can swap the backend."""
+    return torch.compile(fn) if mode is None else torch.compile(fn, mode=mode)
 
-    import torch  # noqa: PLC0415
 
+def _check(kind: str, device: str, precision: str) -> None:
     if kind not in KINDS:
         raise ValueError(f"torch_stepper: kind must be one of {KINDS}, got {kind!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"torch_stepper: precision must be one of {PRECISIONS}, got {precision!r}")
+    if device != "cuda" and kind not in CPU_KINDS:
+        raise BaselineUnavailable(f"{kind} is a CUDA graph: it needs torch with CUDA on a GPU")
+    if precision == "fp16" and kind not in ("eager", "sdpa"):
+        raise BaselineUnavailable(f"fp16's GradScaler reads found-inf on the host every step: {kind} is "
+                                  f"measured in float32 and bf16 (fp16 against eager or sdpa)")
+
+
+def torch_stepper(config, init_state: dict, threads: int | None, kind: str = "eager", device: str = "cpu",
+                  precision: str = "float32"):
+    """(step(batch) -> (loss, seconds), torch's thread count) for the PyTorch twin of `kind` in
+    `precision` (see the module docstring), starting from the engine's weights. For the compiled
+    kinds the first step compiles (tens of seconds); `step.warmup_steps` more untimed steps let
+    CUDA graph trees record. On "cuda" the loss is a device tensor (no synchronisation)."""
+    import torch  # noqa: PLC0415
+
+    if kind == "amp":  # sdpa under autocast bf16, whatever was asked
+        precision = "bf16"
+    _check(kind, device, precision)
     if threads:
         torch.set_num_threads(threads)
     model = torch_model(config, torch, "composed" if kind == "eager" else "sdpa")
     model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in init_state.items()})
     model.to(device)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    on_gpu = device == "cuda"
+    groups = [{"params": [p for p in model.parameters() if p.dim() >= 2]},
+              {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+    compiled = kind in ("compile", "reduce-overhead")
+    extra = {}  # the CPU: AdamW's default; compiled: the foreach one, which inductor fuses
+    if on_gpu and not compiled:
+        extra = {"fused": True, "capturable": kind == "cuda-graph"}
+    opt = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, **extra)
+    low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
     def autocast():
-        if kind != "amp":
+        if low is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type="cuda" if device == "cuda" else "cpu", dtype=torch.bfloat16)
+        # a graph capture replays what it recorded: autocast's cast cache must be off (torch.cuda.graph's notes)
+        return torch.autocast(device_type=device, dtype=low, cache_enabled=kind != "cuda-graph")
 
     def loss_fn(ids, targets):
-        with autocast():
+        with autocast():  # the loss inside: autocast widens only what log-softmax needs
             logits = model(ids)
-        return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
-    if kind == "compile":
-        loss_fn = torch.compile(loss_fn)
+    def update():
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    batches = _Batches(torch, device)
+    if kind == "cuda-graph":
+        step = _graphed_step(torch, model, opt, loss_fn, update, batches)
+    else:
+        mode = "reduce-overhead" if kind == "reduce-overhead" else None
+        loss_c, update_c = (_compile(torch, loss_fn, mode), _compile(torch, update, mode)) if compiled \
+            else (loss_fn, update)
+        scaler = torch.amp.GradScaler(device) if precision == "fp16" else None
+        step = _plain_step(torch, model, opt, loss_c, update_c, scaler, batches, on_gpu,
+                           mark=kind == "reduce-overhead")
+        step.warmup_steps = 2 if kind == "reduce-overhead" else 0  # graph trees: a warm-up run, then a recording
+    step.prepare = batches.prepare
+    return step, torch.get_num_threads()
+
+
+class _Batches:
+    """Batches as the model takes them: on a GPU from pinned host memory, copied without blocking."""
+
+    def __init__(self, torch, device):
+        self.torch, self.device, self.pinned = torch, device, {}
+
+    def prepare(self, batches) -> None:
+        if self.device == "cuda":
+            for b in batches:
+                self.pinned.setdefault(id(b), (b, self.torch.from_numpy(np.ascontiguousarray(b)).pin_memory()))
+
+    def host(self, b):
+        """`b` as a torch tensor in host memory (pinned on a GPU machine)."""
+        if self.device != "cuda":
+            return self.torch.from_numpy(b)
+        if id(b) not in self.pinned:
+            self.prepare([b])
+        return self.pinned[id(b)][1]
+
+    def __call__(self, b):
+        """`b` on the device (a copy that does not block the host, from pinned memory)."""
+        return self.host(b).to(self.device, non_blocking=True)
+
+
+def _plain_step(torch, model, opt, loss_fn, update, scaler, batches, on_gpu, mark=False):
+    def step(b):
+        t0 = time.perf_counter()
+        if mark:  # a new iteration for CUDA graph trees: last step's outputs may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
+        bt = batches(b)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(bt[:, :-1], bt[:, 1:])
+        if scaler is None:
+            loss.backward()
+            update()
+        else:  # fp16: scaled backward, unscaled clip, a skipped step on inf, the scale updated
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
+        loss = loss.detach() if on_gpu else float(loss.detach())
+        return loss, time.perf_counter() - t0
+
+    return step
+
+
+def _record(torch, fn, stream):
+    """(replay, output): `fn`'s CUDA work captured on `stream` into one torch.cuda.graph (not run);
+    `replay()` runs it again, refilling `output` in place. One seam, so tests can stand in for a GPU."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = fn()
+    return graph.replay, out
+
+
+@contextlib.contextmanager
+def _warm_up_on(torch, stream):
+    """Run the block on `stream` (the capture's, so that what cuBLAS sets up per stream is there
+    before the capture), ordered after and before the current stream's work; None: where it is."""
+    if stream is None:
+        yield
+        return
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        yield
+    torch.cuda.current_stream().wait_stream(stream)
+
+
+def _graphed_step(torch, model, opt, loss_fn, update, batches):
+    """The whole step captured in one torch.cuda.graph at the first call (with that batch), replayed
+    after: the batch is copied into a static input before each replay."""
+    state = {}
+
+    def body(static):
+        # gradients written afresh, not accumulated: at the capture the backward allocates them from the
+        # graph's pool (PyTorch's notes), and each replay refills that memory in place
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(static[:, :-1], static[:, 1:])
+        loss.backward()
+        update()
+        return loss.detach()
+
+    def capture(first):
+        static = first.clone()
+        saved = [p.detach().clone() for p in model.parameters()]
+        stream = torch.cuda.Stream() if first.is_cuda else None
+        with _warm_up_on(torch, stream):  # warm-up off the default stream, as PyTorch's notes do
+            for _ in range(3):
+                body(static)
+        with torch.no_grad():  # back to the engine's weights and a fresh AdamW: the first replay is step 1
+            for p, q in zip(model.parameters(), saved):
+                p.copy_(q)
+            for st in opt.state.values():
+                for v in st.values():
+                    if torch.is_tensor(v):
+                        v.zero_()
+        replay, loss = _record(torch, lambda: body(static), stream)
+        state.update(static=static, replay=replay, loss=loss)
 
     def step(b):
         t0 = time.perf_counter()
-        bt = torch.from_numpy(b).to(device)
-        loss = loss_fn(bt[:, :-1], bt[:, 1:])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        loss = loss.detach() if device == "cuda" else float(loss.detach())
-        return loss, time.perf_counter() - t0
+        if not state:
+            capture(batches(b))
+        state["static"].copy_(batches.host(b), non_blocking=True)  # pinned host -> the graph's input
+        state["replay"]()
+        return state["loss"], time.perf_counter() - t0
 
-    return step, torch.get_num_threads()
+    step.warmup_steps = 0
+    return step

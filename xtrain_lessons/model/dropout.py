@@ -26,6 +26,12 @@ keep_mask(shape, p, seed, offset) -> bool array, True where kept.
 
 Device: the uniforms come from the op set (`opset.uniforms`): the NumPy Philox on the CPU, the CUDA
 kernel `kernels/philox.cu` on a GPU (bit-identical to NumPy's).
+
+A step captured as a CUDA graph (training/loop/cuda_graph.py) replays its launches with the arguments
+they had at the capture: an offset passed by value would draw the same masks at every replay. There
+the offset is a `DeviceKey` (runtime/opset/dropout.py): the stream is read from device memory that the
+host rewrites before each replay, `DeviceKey(key) + s` naming stream (key[0], key[1] + s) of a uint64
+array key of 2 (the seed and the offset then both come from the key; the `seed` argument is not used).
 """
 
 from __future__ import annotations
@@ -37,8 +43,9 @@ import numpy as np
 from xtrain_lessons.autograd.tensor import Tensor, as_tensor, make_node
 from xtrain_lessons.runtime import opset
 from xtrain_lessons.runtime.device import array_module
+from xtrain_lessons.runtime.opset.dropout import DeviceKey
 
-__all__ = ["dropout", "dropout_scale", "keep_mask"]
+__all__ = ["dropout", "dropout_scale", "keep_mask", "DeviceKey"]
 
 
 def keep_mask(shape, p: float, seed: int, offset: int, xp=np):
@@ -59,7 +66,7 @@ def dropout(x, p: float, seed: int, offset: int, training: bool = True) -> Tenso
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout: p must be in [0, 1), got {p}")
     for v, what in ((seed, "seed"), (offset, "offset")):
-        if not 0 <= int(v) < 2 ** 64:
+        if not isinstance(v, DeviceKey) and not 0 <= int(v) < 2 ** 64:
             raise ValueError(f"dropout: {what} must be an integer in [0, 2**64), got {v}")
     if not training or p == 0.0:
         return x  # the identity: bit for bit, and no graph node

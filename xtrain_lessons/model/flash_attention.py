@@ -20,6 +20,13 @@ algorithm is `xtrain_lessons/runtime/kernels/flash_attention.cu`.
 
 `attention_memory(...)` measures the bytes an attention call keeps for backward and its peak
 (with tracemalloc, which sees every NumPy allocation); T14's notebook reports both paths.
+
+On a GPU (CuPy arrays) the same node runs as CUDA C kernels instead of array code:
+bfloat16 q, k, v (head dim <= 128) on the tensor cores (`runtime/kernels/flash_attention_tc.cu`:
+mma.sync, float32 softmax statistics), float32 on the CUDA cores
+(`runtime/kernels/flash_attention.cu`), chosen beneath `opset.flash_kernels`. `gpu_attention` is
+the attention of the bf16 forward (model/precision.py): the tensor-core kernels where they apply,
+composed attention otherwise (issue 39: flash-attention as the GPU's attention).
 """
 
 from __future__ import annotations
@@ -29,10 +36,13 @@ import math
 import numpy as np
 
 from xtrain_lessons.autograd.tensor import Tensor, make_node
+from xtrain_lessons.model.layers import causal_attention
+from xtrain_lessons.runtime import opset
 from xtrain_lessons.runtime.device import array_module
 
-__all__ = ["flash_attention", "flash_attention_fwd", "flash_attention_bwd",
-           "attention_reference", "saved_bytes", "attention_memory", "DEFAULT_BLOCK"]
+__all__ = ["flash_attention", "flash_attention_fwd", "flash_attention_bwd", "gpu_attention",
+           "kernel_attention", "attention_reference", "saved_bytes",
+           "attention_memory", "DEFAULT_BLOCK"]
 
 DEFAULT_BLOCK = 64
 
@@ -170,14 +180,38 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True,
     """Attention as one graph node that saves only (out, lse) besides its inputs.
 
     Same layout and result as `layers.causal_attention` (with causal=True): q (B, Tq, H, D),
-    k, v (B, Tk, Hkv, D) -> (B, Tq, H, D).
+    k, v (B, Tk, Hkv, D) -> (B, Tq, H, D). On a GPU it runs as CUDA kernels (module doc;
+    block_q / block_k then do not apply).
     """
+    kernels = opset.flash_kernels(q.data, k.data, v.data)  # a GPU's CUDA kernels, or None
+    if kernels is not None:
+        return kernel_attention(q, k, v, kernels, causal)
     out, lse = flash_attention_fwd(q.data, k.data, v.data, causal, block_q, block_k)
 
     def backward(g):
         return flash_attention_bwd(q.data, k.data, v.data, out, lse, g, causal, block_q, block_k)
 
     return make_node(out, (q, k, v), backward, "flash_attention")
+
+
+def kernel_attention(q: Tensor, k: Tensor, v: Tensor, kernels, causal: bool = True) -> Tensor:
+    """Flash-attention as one node by compiled kernels (`opset.flash_kernels`: name, forward ->
+    (o, lse), backward -> dq, dk, dv recomputed from them). Keeps o and lse for backward."""
+    name, fwd, bwd = kernels
+    out, lse = fwd(q.data, k.data, v.data, causal)
+
+    def backward(g):
+        return bwd(q.data, k.data, v.data, out, lse, g, causal)
+
+    return make_node(out, (q, k, v), backward, name)
+
+
+def gpu_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The causal attention of the bf16 forward (model/precision.py): the flash kernels where they
+    take the arrays (bf16 on a GPU: the tensor cores; O(T) memory, masked tiles skipped),
+    `layers.causal_attention` for anything else (float16, head dims above 128, NumPy arrays)."""
+    kernels = opset.flash_kernels(q.data, k.data, v.data)
+    return causal_attention(q, k, v) if kernels is None else kernel_attention(q, k, v, kernels)
 
 
 def attention_reference(q, k, v, causal: bool = True):

@@ -67,6 +67,7 @@ from xtrain_lessons.autograd import ops
 from xtrain_lessons.autograd.tensor import Tensor, as_tensor, make_node
 from xtrain_lessons.model import layers
 from xtrain_lessons.model.dropout import dropout_scale
+from xtrain_lessons.model.flash_attention import gpu_attention
 from xtrain_lessons.runtime import opset
 from xtrain_lessons.runtime.device import array_module
 
@@ -202,14 +203,21 @@ def cross_entropy(logits: Tensor, targets, ignore_index: int = -100, low=None) -
 
 def _layers_for(low):
     """The layer functions of the low-precision forward: the float32 model's own, on
-    low-precision arrays, with the norms writing `low` from the float32 residual stream."""
+    low-precision arrays, with the norms writing `low` from the float32 residual stream; bf16's
+    attention is flash-attention on the tensor cores where their kernels take the arrays (a GPU;
+    issue 39), composed attention elsewhere."""
     return SimpleNamespace(rmsnorm=partial(ops.rmsnorm, out_dtype=low), linear=layers.linear, rope=layers.rope,
-                           attention=layers.causal_attention, swiglu=layers.swiglu, dropout=partial(dropout, low=low))
+                           attention=gpu_attention if low == BF16 else layers.causal_attention,
+                           swiglu=layers.swiglu, dropout=partial(dropout, low=low))
 
 
 def _check_attention(model, dtype: str) -> None:
-    if model.config.attention != "composed":
-        raise ValueError(f"{dtype} compute supports attention='composed' only (not the flash path)")
+    """The flash path runs in float32, and in bf16 where the tensor-core kernels exist (a GPU, issue 39)."""
+    w = model.params["lm_head.weight"].data
+    if model.config.attention != "composed" and not (
+            dtype == "bf16" and opset.flash_kernels_for(BF16, model.config.head_dim, like=w) is not None):
+        raise ValueError(f"{dtype} compute supports attention='composed' only (the flash path runs in float32, "
+                         "and in bf16 on a GPU)")
 
 
 def forward_lowp(model, ids, dtype: str = "bf16") -> Tensor:

@@ -32,7 +32,7 @@ import numpy as np
 
 from xtrain_lessons.autograd import ops
 from xtrain_lessons.autograd.tensor import Tensor, no_grad
-from xtrain_lessons.model.dropout import dropout
+from xtrain_lessons.model.dropout import DeviceKey, dropout
 from xtrain_lessons.model.flash_attention import flash_attention
 from xtrain_lessons.model.layers import causal_attention, linear, linear_cross_entropy, rope, rope_tables, swiglu
 from xtrain_lessons.model.precision import forward_lowp, loss_lowp
@@ -217,6 +217,9 @@ class Model:
         self.training = True
         self.dropout_seed = seed
         self.dropout_step = 0  # training-mode forwards with dropout so far
+        # a step captured as a CUDA graph: offsets from this uint64 device array [seed, base offset]
+        # (model/dropout.DeviceKey), which the host rewrites before each replay (training/cuda_graph.py)
+        self.dropout_key = None
         # T12: "bf16"/"fp16" run __call__/loss with low-precision compute on float32 masters
         # (xtrain_lessons.model.precision); decoding with a KV cache stays float32
         self.compute_dtype = "float32"
@@ -361,6 +364,8 @@ class Model:
         drop_base = None
         if c.dropout > 0 and self.training and cache is None:
             drop_base, self.dropout_step = self.dropout_step * 2 * c.n_layers, self.dropout_step + 1
+            if self.dropout_key is not None:  # read on the device: key[1] + drop_base + site
+                drop_base = DeviceKey(self.dropout_key, drop_base)
 
         def resid(t, site):
             return t if drop_base is None else L.dropout(t, c.dropout, self.dropout_seed, drop_base + site)

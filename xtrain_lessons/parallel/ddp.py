@@ -33,6 +33,7 @@ import os
 
 import numpy as np
 
+from xtrain_lessons.autograd.tensor import Tensor
 from xtrain_lessons.parallel import collectives
 from xtrain_lessons.runtime.device import array_module, get_device, import_cupy
 
@@ -141,18 +142,21 @@ def micro_batches(x, y, accum_steps: int, rank: int = 0, world_size: int = 1):
     return out
 
 
-def accumulate_gradients(model, batches, ddp: DDP | None = None, scale=None) -> float:
+def accumulate_gradients(model, batches, ddp: DDP | None = None, scale=None, sync: bool = True):
     """Zero the gradients, then for each of the N (x, y) micro-batches: loss / N, backward
     (gradients add up in ``.grad``); all-reduce once at the end (when ``ddp`` is given).
     ``scale`` (T12 fp16): a function applied to loss / N before backward (GradScaler.scale).
-    Returns this rank's mean loss over the micro-batches (unscaled)."""
+    Returns this rank's mean loss over the micro-batches (unscaled): a float, or with
+    ``sync=False`` a float64 device scalar of the same value, summed where the losses are (T07: no
+    host synchronisation per micro-step; a step captured as a CUDA graph can make none)."""
     model.zero_grad()
     n = len(batches)
     total = 0.0
     for x, y in batches:
         loss = model.loss(x, y)
-        total += float(loss.item())
-        part = loss * (1.0 / n) if n > 1 else loss
+        total += float(loss.item()) if sync else loss.data.astype(np.float64)  # the same float64 sum
+        # 1/n made on the device by a fill, not copied from the host: a CUDA graph can record it
+        part = loss * Tensor(array_module(loss.data).full((), 1.0 / n, loss.dtype)) if n > 1 else loss
         (scale(part) if scale is not None else part).backward()
         del loss
     if ddp is not None:

@@ -4,7 +4,7 @@ NumPy's otherwise (phase T07).
 Every product of the engine's linear layers and of its lm_head goes through `gemm(a, b, out)`
 on the row chunks `cpu_threads` cuts. NumPy's `np.matmul` calls the BLAS NumPy was built with:
 OpenBLAS for the wheels on PyPI. On the small products of a CPU-sized model (K = 192 .. 1376)
-Intel's MKL runs faster on the same core (T07 §10 times both on a linear layer's products;
+Intel's MKL runs faster on the same core (T07 §2 times both on a linear layer's products;
 torch calls MKL too). When
 the `mkl` package is installed (`pip install -e ".[fast]"`, part of the dev extras, or conda's
 `mkl`), `gemm` calls its `cblas_sgemm` through ctypes, one thread per call (the engine's threads

@@ -178,13 +178,20 @@ def cublas_binding():
     return cublas
 
 
-def capture_graph(fn):
+def captures_graphs(device: str) -> bool:
+    """Whether `device` ("cpu" or "cuda") records a step as a CUDA graph (capture_graph): a GPU does;
+    the CPU has no launches to record."""
+    return device == "cuda"
+
+
+def capture_graph(fn, keep=None):
     """(fn(), the CUDA graph of the launches fn made, what keeps it alive): fn runs once on a stream
     of its own, and what it allocates comes from a memory pool of the graph's own, so that the
-    addresses the graph replays stay the graph's. Nothing in fn may copy from the host or wait for
-    the GPU: a capture cannot record either."""
+    addresses the graph replays stay the graph's. `keep`: what an earlier capture returned, to
+    record on its stream and pool again (graphs that never run at the same time may share one).
+    Nothing in fn may copy from the host or wait for the GPU: a capture cannot record either."""
     cupy = import_cupy()
-    pool, stream = cupy.cuda.MemoryPool(), cupy.cuda.Stream(non_blocking=True)
+    pool, stream = keep if keep is not None else (cupy.cuda.MemoryPool(), cupy.cuda.Stream(non_blocking=True))
     with cupy.cuda.using_allocator(pool.malloc), stream:
         stream.begin_capture()
         try:

@@ -62,6 +62,10 @@ KernelError naming the kernel, block, thread, array (parameter) name, index and 
 the blocks one at a time, so the report is the first bug in block order. SANITIZER_HINT is the
 line a check prints on a kernel's wrong output.
 
+Tensor cores: a kernel may use `mma.sync.aligned.m16n8k16` (bf16 or f16 in, float32 out) as inline
+PTX, as NVRTC takes it; the emulator runs it as a warp-wide operation with the PTX ISA's fragment
+layout (`emulator.mma_fragment_layout`), kernels/flash_attention_tc.cu and T14 show it.
+
 Writing a kernel that runs on both: declare it `extern "C" __global__ void name(...)` (CuPy
 finds it by that name) or launch a template through Module's name expressions, one
 `__shared__` variable per declaration, and pass scalars as NumPy scalars of the parameter's

@@ -26,6 +26,7 @@ from xtrain_lessons.runtime.opset.classifier import check_targets, cross_entropy
     linear_cross_entropy_bwd, linear_cross_entropy_fwd
 from xtrain_lessons.runtime.opset.dropout import uniforms
 from xtrain_lessons.runtime.opset.embedding import embedding_bwd
+from xtrain_lessons.runtime.opset.flash import flash_kernels, flash_kernels_for
 from xtrain_lessons.runtime.opset.moves import move_to, to_device, to_device_of, to_host
 from xtrain_lessons.runtime.opset.optim import NORM_GRID, Segment, adamw, adamw_step_scalars, grad_norm, \
     grad_norm_and_clip, loss_scale_update, scale_arrays
@@ -37,7 +38,7 @@ from xtrain_lessons.runtime.opset.threads import placement, threads_set
 
 __all__ = ["OPS", "markdown", "matmul", "matmuls", "rmsnorm_fwd", "rmsnorm_bwd", "swiglu_fwd", "swiglu_bwd", "rope",
            "add", "softmax_rows", "scale_rows", "causal_softmax_fwd", "causal_softmax_bwd", "causal_attention_fwd",
-           "causal_attention_bwd", "check_targets", "cross_entropy_fwd", "cross_entropy_bwd", "linear_cross_entropy_fwd",
+           "causal_attention_bwd", "flash_kernels", "flash_kernels_for", "check_targets", "cross_entropy_fwd", "cross_entropy_bwd", "linear_cross_entropy_fwd",
            "linear_cross_entropy_bwd", "embedding_bwd", "cast", "uniforms", "Segment", "adamw",
            "adamw_step_scalars", "grad_norm", "scale_arrays", "grad_norm_and_clip", "loss_scale_update", "NORM_GRID",
            "threads_set", "placement", "to_host", "to_device", "move_to", "to_device_of"]

@@ -7,7 +7,9 @@
     opt.step(lr)                                          # the clip factor applied inside
 
 The same step on either device: the optimizer (AdamW over flat buffers) folds the clip, fp16's
-unscale and its overflow skip into one factor, computed where the gradients are.
+unscale and its overflow skip into one factor, computed where the gradients are. On a GPU that
+step is captured once per batch shape as a CUDA graph and replayed (loop/cuda_graph.py;
+`cuda_graph=False`, `--no-cuda-graph`, keeps it eager): `Trainer.stepper`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tqdm import tqdm
 
 from xtrain_lessons.parallel.ddp import accumulate_gradients, agree_max, average_scalar, micro_batches
 from xtrain_lessons.runtime.device import array_module, default_log_every
+from xtrain_lessons.training.loop.cuda_graph import device_stepper
 from xtrain_lessons.training.loop.deferred import PendingSteps, TrainingDiverged
 from xtrain_lessons.training.optim.schedule import lr_at
 
@@ -37,6 +40,7 @@ class TrainSteps:
         self.deferred = self.log_every > 1
         self.healthy = True  # on the device once a deferred step ran: every step so far was finite
         self.pending = PendingSteps(self.tokens_per_step, self.log_every, self.world)  # tokens/s: all ranks
+        self.stepper = device_stepper(self)  # the step: eager (device_step), or replayed as a CUDA graph
         # without a progress bar (no terminal: a notebook, a CI log) a line every 1/25 of the run
         self.print_every = max(1, cfg.steps // 25)
         self.bar = tqdm(total=cfg.steps, initial=self.step, disable=not self.progress,
@@ -93,10 +97,17 @@ class TrainSteps:
         lr = lr_at(step + 1, cfg.max_lr, cfg.min_lr, cfg.warmup, cfg.steps)
         x, y = self.train_ds.get_batch(cfg.batch_size * cfg.accum_steps * self.world, cfg.seq_len, self.rng)
         self.model.dropout_step = step  # T18: masks keyed by step, so resume redraws them
+        self._finish_step(t0, lr, *self.stepper(x, y, lr))
+
+    def device_step(self, x, y, lr, step_scalars=None):
+        """The step's work, (loss, gradient norm, extra): forward, backward, clip, update. Deferred
+        (T07) it has no host synchronisation, and it is what loop/cuda_graph.py captures: then x and
+        y are checked device buffers and `step_scalars` (AdamW's lr and bias corrections in device
+        memory) stands for lr."""
         loss_val = self._forward_backward(x, y, lr)
         extra = {}
-        gnorm = self._update(lr, loss_val, extra)
-        self._finish_step(t0, lr, loss_val, gnorm, extra)
+        gnorm = self._update(lr, loss_val, extra, step_scalars)
+        return loss_val, gnorm, extra
 
     def _finish_step(self, t0, lr, loss_val, gnorm, extra) -> None:
         self.model.zero_grad()
@@ -105,7 +116,7 @@ class TrainSteps:
         self.step += 1
         self.pending.add(self.step, lr, loss_val, gnorm, dt, time.perf_counter() - self.t_start, extra)
 
-    def _update(self, lr, loss_val, extra):
+    def _update(self, lr, loss_val, extra, step_scalars=None):
         """The optimizer's part of the step: the global norm, the clip and fp16's unscale folded into
         one factor over the flat gradient buffer, the update (skipped where fp16's gradients
         overflowed), the loss scale's update (T12). Deferred (log_every > 1, T07): nothing is read
@@ -128,7 +139,7 @@ class TrainSteps:
                 f"gradient norm is {float(gnorm)} at step {self.step} (loss {loss_val:.4f}); "
                 f"stopping before the update; the last good checkpoint is intact.")
         self.in_update = True
-        self.opt.step(lr, where=where)  # also skipped where the fp16 gradients overflowed
+        self.opt.step(lr, where=where, step_scalars=step_scalars)  # also skipped where fp16 overflowed
         self.in_update = False
         if scaler is not None:
             scaler.update_from(self.opt.last_factors)
@@ -141,8 +152,10 @@ class TrainSteps:
         cfg, model = self.cfg, self.model
         scale = self.scaler.scale if self.scaler is not None else None  # T12 fp16
         if cfg.accum_steps > 1 or self.ddp is not None:  # T16/T08: this rank's micro-batches,
-            loss_val = average_scalar(accumulate_gradients(   # one all-reduce at the end
-                model, micro_batches(x, y, cfg.accum_steps, self.rank, self.world), self.ddp, scale))
+            batches = micro_batches(x, y, cfg.accum_steps, self.rank, self.world)  # one all-reduce at the end
+            if self.deferred and self.ddp is None:  # the losses summed on the device (T07)
+                return accumulate_gradients(model, batches, None, scale, sync=False)
+            loss_val = average_scalar(accumulate_gradients(model, batches, self.ddp, scale))
             if not self.deferred:  # the same mean on every rank: they all stop together
                 self._check_loss(loss_val, lr)
             return loss_val

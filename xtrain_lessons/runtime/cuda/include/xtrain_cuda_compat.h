@@ -6,6 +6,8 @@
 //   * device math, atomics and __nv_bfloat16,
 //   * barriers and warp operations, which call into the emulator runtime
 //     (xtrain_emulator_runtime.h, compiled once into its own shared library),
+//   * the tensor-core instruction mma.sync (xtrain_mma.h; the emulator turns a kernel's inline
+//     PTX into a call of it),
 //   * the launcher template that unpacks `void** args` by the kernel's parameter types.
 // Python (xtrain_lessons/cuda/emulator.py) rewrites `__shared__` declarations into
 // xt_shared_* calls and appends one extern "C" launcher per kernel.
@@ -75,6 +77,10 @@ inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z,
 inline int2 make_int2(int x, int y) { return {x, y}; }
 inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
 inline uint3 make_uint3(unsigned x, unsigned y, unsigned z) { return {x, y, z}; }
+inline int3 make_int3(int x, int y, int z) { return {x, y, z}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+inline double2 make_double2(double x, double y) { return {x, y}; }
 static constexpr int warpSize = 32;
 
 // ---------------------------------------------------------------- math
@@ -241,7 +247,11 @@ inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short x) { __nv_bfloat16 r; r
 
 // ---------------------------------------------------------------- the runtime interface
 // Implemented in xtrain_emulator_runtime.h (one shared library for all kernels).
-enum xt_op : int { XT_SYNCWARP = 1, XT_SHFL, XT_SHFL_UP, XT_SHFL_DOWN, XT_SHFL_XOR, XT_BALLOT, XT_ANY, XT_ALL, XT_ACTIVE };
+enum xt_op : int { XT_SYNCWARP = 1, XT_SHFL, XT_SHFL_UP, XT_SHFL_DOWN, XT_SHFL_XOR, XT_BALLOT, XT_ANY, XT_ALL, XT_ACTIVE,
+                   XT_COLLECTIVE };
+// A warp-collective instruction (xtrain_mma.h): each lane's warp-op value points at a struct that
+// starts with this header; the runtime calls `run` once with the 32 lanes' pointers, lane order.
+struct xt_collective_t { int (*run)(void* const* lanes, char* err, unsigned long long errlen); const char* name; };
 struct xt_tls_t { uint3 tid, bid, bdim, gdim; };
 struct xt_launch_t {
     void (*invoke)(void (*)(), void**);  // calls fn with the unpacked args
@@ -361,6 +371,7 @@ template <class... A> const char* signature(void (*)(A...)) {
 }  // namespace xt
 
 #include "xtrain_half.h"
+#include "xtrain_mma.h"
 
 #ifdef XT_SANITIZE
 #include "xtrain_sanitizer.h"

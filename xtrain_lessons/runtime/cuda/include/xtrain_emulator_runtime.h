@@ -44,7 +44,8 @@ __attribute__((visibility("default"))) __thread xt_tls_t xt_tls;  // the definit
 namespace xt {
 
 enum class St : int { Ready, Sync, Warp, Done };
-enum class Op : int { None = 0, SyncWarp = XT_SYNCWARP, Shfl, ShflUp, ShflDown, ShflXor, Ballot, Any, All, Active };
+enum class Op : int { None = 0, SyncWarp = XT_SYNCWARP, Shfl, ShflUp, ShflDown, ShflXor, Ballot, Any, All, Active,
+                      Collective };
 enum Mode : int { FIBERS = 0, UCONTEXT = 1, THREADS = 2 };
 
 static const char* op_name(Op op) {
@@ -58,6 +59,7 @@ static const char* op_name(Op op) {
         case Op::Any: return "__any_sync";
         case Op::All: return "__all_sync";
         case Op::Active: return "__activemask";
+        case Op::Collective: return "a warp-matrix instruction (mma.sync)";
         default: return "?";
     }
 }
@@ -372,6 +374,51 @@ static std::string describe_state(Worker* w) {
     return s;
 }
 
+// A warp-collective instruction (mma.sync): the work is done once, here, with every lane's
+// operands, while all 32 lanes wait; each lane's value points at its xt_collective_t. All 32
+// lanes must take part (the instruction is .aligned: a GPU requires every lane of the warp to
+// execute it). Returns false with w->error set when that or the instruction fails.
+static bool run_collective(Worker* w, int base, int n) {
+    std::vector<int> gone;
+    for (int l = 0; l < n; l++) if (w->th[base + l].state == St::Done) gone.push_back(l);
+    int lead = 0;
+    while (w->th[base + lead].state == St::Done) lead++;  // a live lane: release_warps saw one
+    const Thread& first = w->th[base + lead];
+    const xt_collective_t* head = reinterpret_cast<const xt_collective_t*>(first.value);
+    const std::string where = " in " + block_name(w) + ", warp " + std::to_string(base / 32);
+    if (n < 32 || !gone.empty()) {
+        w->error = std::string(head->name) + " on line " + std::to_string(first.line) +
+                   " needs all 32 lanes of the warp" + where + ": " +
+                   (n < 32 ? "the block has only " + std::to_string(n) + " threads in this warp (make the block "
+                                                                          "a multiple of 32 threads)"
+                           : "lanes " + ranges(gone) + " have exited (" + describe_state(w) + ")");
+        return false;
+    }
+    void* lanes[32];
+    for (int l = 0; l < 32; l++) {
+        const Thread& t = w->th[base + l];
+        lanes[l] = reinterpret_cast<void*>(t.value);
+        const xt_collective_t* h = reinterpret_cast<const xt_collective_t*>(t.value);
+        if (h->run != head->run || t.line != first.line) {
+            w->error = "warp divergence" + where + ": lanes wait at different warp-matrix instructions (" +
+                       std::string(head->name) + " on line " + std::to_string(first.line) + ", " + h->name +
+                       " on line " + std::to_string(t.line) + ")";
+            return false;
+        }
+    }
+    char err[512] = "";
+    if (head->run(lanes, err, sizeof err) != 0) {
+        w->error = std::string(head->name) + " on line " + std::to_string(first.line) + where + ": " + err;
+        return false;
+    }
+    if (w->L->sanitize) w->wep[base / 32]++;
+    for (int l = 0; l < 32; l++) {
+        w->th[base + l].result = 0;
+        w->th[base + l].state = St::Ready;
+    }
+    return true;
+}
+
 // Complete the warp operations whose live lanes have all arrived. Returns how many threads
 // were released; sets w->error if lanes of one warp wait at different kinds of operation.
 static int release_warps(Worker* w) {
@@ -393,6 +440,11 @@ static int release_warps(Worker* w) {
             }
         }
         if (!live || !ready) continue;
+        if (op == Op::Collective) {
+            if (!run_collective(w, base, n)) return released;
+            released += n;
+            continue;
+        }
         if (w->L->sanitize) w->wep[base / 32]++;  // the lanes have met: a new warp epoch
         uint64_t ballot = 0;
         bool any = false, all = true;
@@ -736,6 +788,22 @@ XT_EXPORT char* xt_shared_site(const xt_site_t* site) {
 }
 
 XT_EXPORT char* xt_dynamic_shared() { return t_w->dyn; }
+
+// The fragment layout of mma.sync.m16n8k16 (xtrain_mma.h), for Python: operand 0 (A, 8 elements
+// a lane), 1 (B, 4) or 2 (C and D, 4); rows[lane * n + i], cols[...] of element i of each lane.
+XT_EXPORT int xt_mma_layout(int operand, int* rows, int* cols) {
+    const int n = operand == 0 ? 8 : 4;
+    if (operand < 0 || operand > 2) return 0;
+    for (int lane = 0; lane < 32; lane++)
+        for (int i = 0; i < n; i++) {
+            int* r = rows + lane * n + i;
+            int* c = cols + lane * n + i;
+            if (operand == 0) xt::mma_a_rc(lane, i, *r, *c);
+            else if (operand == 1) xt::mma_b_rc(lane, i, *r, *c);
+            else xt::mma_c_rc(lane, i, *r, *c);
+        }
+    return n;
+}
 
 XT_EXPORT void xt_trap(int line) {
     xt::fail("__trap() on line " + std::to_string(line) + " " + xt::where(xt::t_w));

@@ -139,3 +139,31 @@ inline __nv_bfloat162 __float22bfloat162_rn(float2 f) { return {__float2bfloat16
 inline float2 __bfloat1622float2(__nv_bfloat162 h) { return xt_pair_to_float2(h); }
 inline __nv_bfloat16 __low2bfloat16(__nv_bfloat162 h) { return h.x; }
 inline __nv_bfloat16 __high2bfloat16(__nv_bfloat162 h) { return h.y; }
+
+// Atomic adds on 16-bit floats and their pairs (sm_60+ for __half2, sm_70+ __half, sm_80+ the
+// bfloat16 ones, as on a GPU): a compare-and-swap loop on the bits; the pair is swapped as one
+// 32-bit word (a GPU only promises each half to be atomic: stronger here, never weaker).
+template <class H, class Bits, class Add> inline H xt_atomic_bits_add(H* a, Add add) {
+    static_assert(sizeof(H) == sizeof(Bits), "xt_atomic_bits_add: size mismatch");
+    Bits* p = reinterpret_cast<Bits*>(a);
+    Bits old = __atomic_load_n(p, __ATOMIC_RELAXED), next;
+    H cur;
+    do {
+        std::memcpy(&cur, &old, sizeof(H));
+        H sum = add(cur);
+        std::memcpy(&next, &sum, sizeof(H));
+    } while (!__atomic_compare_exchange_n(p, &old, next, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    return cur;
+}
+inline __nv_bfloat16 atomicAdd(__nv_bfloat16* a, __nv_bfloat16 v) {
+    return xt_atomic_bits_add<__nv_bfloat16, unsigned short>(a, [v](__nv_bfloat16 x) { return x + v; });
+}
+inline __nv_bfloat162 atomicAdd(__nv_bfloat162* a, __nv_bfloat162 v) {
+    return xt_atomic_bits_add<__nv_bfloat162, uint32_t>(a, [v](__nv_bfloat162 x) { return x + v; });
+}
+inline __half atomicAdd(__half* a, __half v) {
+    return xt_atomic_bits_add<__half, unsigned short>(a, [v](__half x) { return x + v; });
+}
+inline __half2 atomicAdd(__half2* a, __half2 v) {
+    return xt_atomic_bits_add<__half2, uint32_t>(a, [v](__half2 x) { return x + v; });
+}
