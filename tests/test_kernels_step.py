@@ -741,7 +741,7 @@ def test_launchers_on_the_stand_in_match_numpy(fake_gpu):
 @pytest.mark.parametrize("state,interval,dynamic", [([65536.0, 1999.0, 0.0], 2000, True), ([65536.0, 5.0, 3.0], 2000, True),
                                                    ([3.0e38, 1.0, 0.0], 2, True), ([8.0, 1.0, 2.0], 2, False)])
 def test_update_scale_is_gradscalers_rule(found, state, interval, dynamic):
-    """The loss scale's update on the device equals training/grad_scaler.py's rule bit for bit:
+    """The loss scale's update on the device equals training/optim/grad_scaler.py's rule bit for bit:
     back off on an inf, grow after `interval` clean steps unless the grown scale is not finite,
     count the skips; a fixed scale only counts."""
     from xtrain_lessons.runtime.kernels.grad_scaler import update_scale, update_scale_reference  # noqa: PLC0415

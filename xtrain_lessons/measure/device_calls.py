@@ -9,7 +9,7 @@ microseconds of CPU time however little work it does. So count them before timin
     ops = torch_step_ops(PRESETS["tiny"])
     ops.total, ops.views                             # PyTorch eager's ATen ops for the same step
 
-`engine_step_calls` runs the training loop's own step (training/loop.py: forward, backward, the
+`engine_step_calls` runs the training loop's own step (training/loop/step.py: forward, backward, the
 norm and clip, the optimizer, on the "cuda" device) on the CPU stand-in for CuPy
 (cupy_standin), which counts every device call — operators, ufuncs, reductions, copies,
 cuBLAS calls, kernel launches — and every host synchronisation, as a GPU would see them, and the

@@ -218,7 +218,7 @@ class Model:
         self.dropout_seed = seed
         self.dropout_step = 0  # training-mode forwards with dropout so far
         # a step captured as a CUDA graph: offsets from this uint64 device array [seed, base offset]
-        # (model/dropout.DeviceKey), which the host rewrites before each replay (training/cuda_graph.py)
+        # (opset.DeviceKey), which the host rewrites before each replay (training/loop/cuda_graph.py)
         self.dropout_key = None
         # T12: "bf16"/"fp16" run __call__/loss with low-precision compute on float32 masters
         # (xtrain_lessons.model.precision); decoding with a KV cache stays float32

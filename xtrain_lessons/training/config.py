@@ -92,7 +92,7 @@ class TrainConfig:
     loss_scale: float = 0.0         # T12 fp16: 0 = dynamic (2^16, halved on inf, doubled after 2000
                                     # clean steps); S > 0: a fixed scale S (1: no scaling)
     cuda_graph: bool = True         # T07, on a GPU: capture the step once per batch shape as a CUDA
-                                    # graph and replay it (training/cuda_graph.py); False: eager steps
+                                    # graph and replay it (training/loop/cuda_graph.py); False: eager steps
 
     # -- (de)serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict:
