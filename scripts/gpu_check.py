@@ -47,7 +47,7 @@ timeout leaves what it printed. With --out, a summary (summary.txt and summary.j
 status and time, the measured figures and issue 39's four targets, MET / NOT MET / NOT MEASURED)
 is rewritten after every check, so a session cut short keeps its last one.
 
-`--stand-in` runs the same commands on the CPU with runtime/cupy_standin as CuPy (what CI can do): the
+`--stand-in` runs the same commands on the CPU with cupy_standin as CuPy (what CI can do): the
 notebooks, train and launch checks run; gpu-tests and bench are skipped (no GPU to measure).
 `--dry-run S` replaces every command by one that prints itself and sleeps S seconds: the plan,
 its timeouts, budget and summary, on any machine.
@@ -95,7 +95,7 @@ BENCH_SHAPES = {
 
 def env_for(device: str, stand_in: bool) -> dict:
     if stand_in:
-        from xtrain_lessons.runtime import cupy_standin  # noqa: PLC0415
+        from xtrain_lessons import cupy_standin  # noqa: PLC0415
 
         return cupy_standin.subprocess_env(device=device, kernels="reference")  # the row kernels' NumPy twins
     return {**os.environ, "XTRAIN_DEVICE": device}
@@ -605,8 +605,7 @@ def write_summary(path: Path, checks: list[dict], started: float) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--stand-in", action="store_true",
-                    help="run on the CPU with the stand-in for CuPy (runtime/cupy_standin; CI)")
+    ap.add_argument("--stand-in", action="store_true", help="run on the CPU with the stand-in for CuPy (cupy_standin; CI)")
     ap.add_argument("--quick", action="store_true", help="fewer steps and notebooks, no benchmark")
     ap.add_argument("--only", default="", help=f"comma-separated checks, in this order, from {','.join(CHECKS)}; "
                     f"'lease' stands for {LEASE_PLAN} (default: {','.join(DEFAULT_CHECKS)})")

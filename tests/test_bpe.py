@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from xtrain_lessons.training.bpe_hf import (
+from xtrain_lessons.training.tokenizer.bpe_hf import (
     EngineTokenizer,
     from_hf_json,
     load_hf,
@@ -18,9 +18,9 @@ from xtrain_lessons.training.bpe_hf import (
     to_hf_json,
     train_engine_tokenizer,
 )
-from xtrain_lessons.training.bpe_pretokenize import count_file, count_pretokens, pretokens, split_special
-from xtrain_lessons.training.bpe_tokenizer import Tokenizer, str_to_token
-from xtrain_lessons.training.bpe_train import (
+from xtrain_lessons.training.tokenizer.bpe_pretokenize import count_file, count_pretokens, pretokens, split_special
+from xtrain_lessons.training.tokenizer.bpe_tokenizer import Tokenizer, str_to_token
+from xtrain_lessons.training.tokenizer.bpe_train import (
     _Vocab,
     count_pairs,
     merge_incremental,
@@ -317,7 +317,7 @@ def test_loading_a_tokenizers_trained_json_gives_identical_ids(stories_text, tmp
 def gpt2_layout(tok) -> dict:
     """`tok` written the way GPT-2's own tokenizer.json is laid out: the bytes in GPT-2's order
     (printable ones first), merged tokens after them, <|endoftext|> last, a post-processor."""
-    from xtrain_lessons.training.bpe_tokenizer import bytes_to_unicode, token_to_str
+    from xtrain_lessons.training.tokenizer.bpe_tokenizer import bytes_to_unicode, token_to_str
 
     printable = [b for b in range(256) if bytes_to_unicode()[b] == chr(b)]
     order = [bytes([b]) for b in printable + [b for b in range(256) if b not in printable]]
@@ -399,7 +399,7 @@ def test_engine_tokenizer_works_with_the_engine(tmp_path, stories_text):
 def test_tokenizer_impl_switch(tmp_path, stories_text):
     from tokenizers import Tokenizer as HFTokenizer
 
-    from xtrain_lessons.training.bpe_hf import load_tokenizer_impl, train_tokenizer_impl
+    from xtrain_lessons.training.tokenizer.bpe_hf import load_tokenizer_impl, train_tokenizer_impl
 
     p = tmp_path / "s.txt"
     p.write_text(stories_text[:50_000], encoding="utf-8")

@@ -19,7 +19,7 @@ from xtrain_lessons.training.checkpoint import (
 )
 from xtrain_lessons.model.qwen3 import PRESETS, Model
 from xtrain_lessons.training.optim import AdamW, clip_grad_norm
-from xtrain_lessons.training.schedule import lr_at
+from xtrain_lessons.training.optim.schedule import lr_at
 
 CFG = PRESETS["test"]
 

@@ -221,7 +221,8 @@ def test_blocked_ops_equal_unblocked_rows(threads):
 def test_adamw_over_the_threads_is_bit_identical_to_whole_array_updates(threads):
     """AdamW lays every parameter end to end and updates spans of them on the threads: the
     same bits as one whole-array update per parameter, with 1, 2 or 3 threads."""
-    from xtrain_lessons.training.optim import AdamW, _adamw_update
+    from xtrain_lessons.runtime.opset.optim import _adamw_update
+    from xtrain_lessons.training.optim import AdamW
 
     cfg = PRESETS["tiny"].replace(vocab_size=512, n_layers=1)
     results = []

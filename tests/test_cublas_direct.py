@@ -199,7 +199,7 @@ def test_load_matches_the_library_to_cupys_cuda(fresh, monkeypatch):
 
 
 def test_the_stand_in_brings_its_own():
-    from xtrain_lessons.runtime import cupy_standin
+    from xtrain_lessons import cupy_standin
 
     before = cupy_standin.install()
     try:

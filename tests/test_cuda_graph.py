@@ -1,4 +1,4 @@
-"""The training step as a CUDA graph (training/cuda_graph.py): the bench's step (CudaGraphStep)
+"""The training step as a CUDA graph (training/loop/cuda_graph.py): the bench's step (CudaGraphStep)
 and the training loop's (LoopGraph, `xtrain train --device cuda` by default).
 
 Without a GPU, on the stand-in for CuPy: a capture refuses a host copy or a host synchronisation
@@ -18,9 +18,10 @@ import pytest
 from xtrain_lessons.measure.bench import _batches
 from xtrain_lessons.model.qwen3 import PRESETS, Model
 from xtrain_lessons.runtime import cuda as cuda_kernels
-from xtrain_lessons.runtime import cupy_standin, device
-from xtrain_lessons.training.cuda_graph import CudaGraphStep
-from xtrain_lessons.training.fused_adamw import FusedAdamW
+from xtrain_lessons import cupy_standin
+from xtrain_lessons.runtime import device
+from xtrain_lessons.training.loop.cuda_graph import CudaGraphStep
+from xtrain_lessons.training.optim import AdamW
 
 
 @pytest.fixture
@@ -43,11 +44,11 @@ def _model(config, dtype):
     m = Model(config, seed=0)
     m.to("cuda")
     m.compute_dtype = dtype
-    return m, FusedAdamW(m.named_parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    return m, AdamW(m.named_parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
 
 
 def _eager_losses(config, dtype, batches):
-    """The training loop's eager step (FusedAdamW with lr and bias corrections by value)."""
+    """The training loop's eager step (AdamW with lr and bias corrections by value)."""
     m, opt = _model(config, dtype)
     losses = []
     for i, b in enumerate(batches):
@@ -91,7 +92,7 @@ def test_a_step_that_copies_from_the_host_is_not_captured(standin, monkeypatch):
 
     def body_with_a_host_copy(self, entry):
         out = body(self, entry)
-        self.cp.asarray(np.float32(1.0))
+        standin.asarray(np.float32(1.0))
         return out
 
     monkeypatch.setattr(CudaGraphStep, "_body", body_with_a_host_copy)
@@ -300,7 +301,7 @@ def replaying(standin):
 
 def _stepper_spy(monkeypatch):
     """The loop's steppers, as device_stepper made them."""
-    from xtrain_lessons.training import cuda_graph, loop  # noqa: PLC0415
+    from xtrain_lessons.training.loop import cuda_graph, step  # noqa: PLC0415
 
     made = []
 
@@ -308,7 +309,7 @@ def _stepper_spy(monkeypatch):
         made.append(cuda_graph.device_stepper(trainer))
         return made[-1]
 
-    monkeypatch.setattr(loop, "device_stepper", spy)
+    monkeypatch.setattr(step, "device_stepper", spy)
     return made
 
 
@@ -335,9 +336,9 @@ def test_fp16_dropout_and_accumulation_graphed_are_the_eager_loop(replaying, cor
     checkpoint every 4. The graphed loop is the eager loop, bit for bit."""
     from functools import partial  # noqa: PLC0415
 
-    from xtrain_lessons.training import loop  # noqa: PLC0415
+    from xtrain_lessons.training.loop import trainer  # noqa: PLC0415
 
-    monkeypatch.setattr(loop, "GradScaler", partial(loop.GradScaler, init_scale=2.0 ** 21, growth_interval=2))
+    monkeypatch.setattr(trainer, "GradScaler", partial(trainer.GradScaler, init_scale=2.0 ** 21, growth_interval=2))
     made = _stepper_spy(monkeypatch)
     kw = dict(dtype="fp16", accum_steps=2, model={"dropout": 0.1}, sample_every=0)
     _train(_config(corpus, tmp_path / "graph", True, **kw))
@@ -408,11 +409,11 @@ def test_a_step_that_cannot_be_captured_runs_eagerly_with_one_line(standin, corp
 
 def test_what_keeps_the_step_eager_is_said_once(standin):
     """--no-cuda-graph, --log-every 1 and `xtrain launch` keep the GPU's step eager, each with one
-    line naming it; on the CPU nothing is said (there is no graph to speak of)."""
+    line naming it; on the CPU the step is eager and nothing is said (there is no graph to speak of)."""
     from types import SimpleNamespace  # noqa: PLC0415
 
     from xtrain_lessons.training.config import TrainConfig  # noqa: PLC0415
-    from xtrain_lessons.training.cuda_graph import LoopGraph, device_stepper  # noqa: PLC0415
+    from xtrain_lessons.training.loop.cuda_graph import LoopGraph, device_stepper  # noqa: PLC0415
 
     m, opt = _model(PRESETS["test"].replace(vocab_size=300), "float32")
 
@@ -425,9 +426,9 @@ def test_what_keeps_the_step_eager_is_said_once(standin):
     t = trainer()
     assert isinstance(device_stepper(t), LoopGraph) and t.said == []
     for kw, what, step in [(dict(cfg=TrainConfig(cuda_graph=False)), "--no-cuda-graph", "eager"),
-                           (dict(deferred=False), "--log-every 1", None),
+                           (dict(deferred=False), "--log-every 1", "eager"),
                            (dict(ddp=object()), "xtrain launch", "eager"),
-                           (dict(device="cpu", deferred=False), None, None)]:
+                           (dict(device="cpu", deferred=False), None, "eager")]:
         t = trainer(**kw)
         assert device_stepper(t) == step
         if what is None:
@@ -507,9 +508,9 @@ def test_on_a_gpu_fp16_dropout_and_accumulation_graphed_are_the_eager_loop(corpu
     dropout 0.1 and 2 micro-batches of 4 x 128 per step, 60 steps: bit for bit the eager loop."""
     from functools import partial  # noqa: PLC0415
 
-    from xtrain_lessons.training import loop  # noqa: PLC0415
+    from xtrain_lessons.training.loop import trainer  # noqa: PLC0415
 
-    monkeypatch.setattr(loop, "GradScaler", partial(loop.GradScaler, init_scale=2.0 ** 30, growth_interval=5))
+    monkeypatch.setattr(trainer, "GradScaler", partial(trainer.GradScaler, init_scale=2.0 ** 30, growth_interval=5))
     kw = {**GPU_RUN, "batch_size": 4, "sample_every": 0, "checkpoint_every": 30}
     made, lines, summaries = _gpu_run_pair(monkeypatch, corpus, tmp_path, 60, dtype="fp16", accum_steps=2,
                                            model={"dropout": 0.1}, **kw)

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from xtrain_lessons.cli import data as data_cli
-from xtrain_lessons.training.fetch import FetchError, download, fetch, to_eot_lines
+from xtrain_lessons.training.data.fetch import FetchError, download, fetch, to_eot_lines
 from xtrain_lessons.training.tokenizer import EOT
 
 # TinyStories' own layout: stories separated by <|endoftext|> lines (with ragged whitespace).

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from test_train import small_corpus
+from xtrain_lessons import cupy_standin
 from xtrain_lessons.cli import device_check, main
-from xtrain_lessons.runtime import cupy_standin, device
+from xtrain_lessons.runtime import device
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--preset", "test", "--vocab-size", "300", "--steps", "2", "--batch-size", "2", "--seq-len", "16",

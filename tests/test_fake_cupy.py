@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from xtrain_lessons.runtime import cupy_standin as fake_cupy
+from xtrain_lessons import cupy_standin as fake_cupy
 from xtrain_lessons.runtime import blas, device
 from xtrain_lessons.runtime import cuda as cuda_kernels
 from xtrain_lessons.runtime.host import fused_rows
@@ -401,7 +401,7 @@ def test_the_stand_ins_cublas_checks_what_cublas_checks(gpu):
     import ml_dtypes  # noqa: PLC0415
 
     from xtrain_lessons.runtime import gpu_blas  # noqa: PLC0415
-    from xtrain_lessons.runtime.cupy_standin import cublas  # noqa: PLC0415
+    from xtrain_lessons.cupy_standin import cublas  # noqa: PLC0415
 
     a = gpu.zeros((2, 4, 4), ml_dtypes.bfloat16)
     one, zero = gpu_blas._ALPHA.ctypes.data, gpu_blas._BETA.ctypes.data
@@ -425,7 +425,7 @@ def test_a_host_scalar_meets_a_device_tensor(gpu):
     """GradScaler.scale multiplies the loss by its float32 scale: on the GPU the scalar moves to
     the device (the first fp16 step used to die in CuPy's CScalar)."""
     from xtrain_lessons.autograd.tensor import Tensor  # noqa: PLC0415
-    from xtrain_lessons.training.grad_scaler import GradScaler  # noqa: PLC0415
+    from xtrain_lessons.training.optim.grad_scaler import GradScaler  # noqa: PLC0415
 
     loss = Tensor(gpu.asarray(np.float32(0.5)), requires_grad=True)
     scaled = GradScaler().scale(loss)
@@ -487,15 +487,15 @@ def test_an_operand_that_opts_out_of_ufuncs_gets_the_reflected_operator(gpu):
 
 
 def test_an_fp16_overflow_is_skipped_and_backed_off_on_the_device(gpu):
-    """fp16 on the GPU: an inf gradient makes FusedAdamW's norm kernel set found_inf, its step
+    """fp16 on the GPU: an inf gradient makes AdamW's norm kernel set found_inf, its step
     leaves the weights and moments as they were, and the scaler halves its scale and counts the
     skip, all on the device (no host synchronisation); a clean step then updates and counts growth."""
     from xtrain_lessons.model.qwen3 import PRESETS, Model  # noqa: PLC0415
-    from xtrain_lessons.training.fused_adamw import FusedAdamW  # noqa: PLC0415
-    from xtrain_lessons.training.grad_scaler import GradScaler  # noqa: PLC0415
+    from xtrain_lessons.training.optim import AdamW  # noqa: PLC0415
+    from xtrain_lessons.training.optim.grad_scaler import GradScaler  # noqa: PLC0415
 
     m = Model(PRESETS["test"], seed=0).to("cuda")
-    opt = FusedAdamW(m.named_parameters(), lr=1e-2)
+    opt = AdamW(m.named_parameters(), lr=1e-2)
     scaler = GradScaler(init_scale=1024.0, growth_interval=1).to_device(gpu)
     ids = np.random.default_rng(0).integers(0, PRESETS["test"].vocab_size, (2, 8))
     for overflow in (True, False):

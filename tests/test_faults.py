@@ -293,7 +293,7 @@ def test_disk_full_during_a_checkpoint(run, capsys, monkeypatch):
         # the text safetensors gives on a full tmpfs
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    monkeypatch.setattr(ckpt_mod.safetensors.numpy, "save_file", full)
+    monkeypatch.setattr(ckpt_mod.state.safetensors.numpy, "save_file", full)
     line = fails(capsys, ["train", "--resume", run, "--steps", "8", "--no-progress", "--no-export"], 1)
     assert "no space left on device writing checkpoint step_00000008" in line
     assert "`latest` still names step_00000006" in line

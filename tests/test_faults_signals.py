@@ -198,7 +198,7 @@ def _ranks_stop_check(monkeypatch, during_all_reduce=None, peer=(0.0, 0.0, 0.0))
             during_all_reduce()
         return [max(float(v), p) for v, p in zip(values, peer)]
 
-    monkeypatch.setattr(loop, "agree_max", fake_agree_max)
+    monkeypatch.setattr(loop.step, "agree_max", fake_agree_max)
     trainer = SimpleNamespace(cfg=SimpleNamespace(time_limit=0), t_start=0.0, ddp=object(), status="done",
                               signum=None)
     return trainer, lambda sigint: loop.Trainer._should_stop(trainer, sigint)
@@ -207,7 +207,7 @@ def _ranks_stop_check(monkeypatch, during_all_reduce=None, peer=(0.0, 0.0, 0.0))
 def test_a_signal_during_the_ranks_agreement_is_not_lost(monkeypatch):
     """The handler ran while the ranks agreed on 'no stop' (both ranks get the launcher's
     signal at once, while they wait in that all-reduce): the next boundary stops."""
-    from xtrain_lessons.training.loop import _SigintDefer
+    from xtrain_lessons.training.loop.run import _SigintDefer
 
     sigint = _SigintDefer()
     trainer, should_stop = _ranks_stop_check(
@@ -219,7 +219,7 @@ def test_a_signal_during_the_ranks_agreement_is_not_lost(monkeypatch):
 def test_a_rank_stopped_by_its_peer_takes_its_own_signal_as_the_first(monkeypatch):
     """The peer got SIGTERM first: this rank stops, naming it; its own SIGTERM, a moment later
     (while it saves), is a first signal, not a second one (no KeyboardInterrupt)."""
-    from xtrain_lessons.training.loop import _SigintDefer
+    from xtrain_lessons.training.loop.run import _SigintDefer
 
     sigint = _SigintDefer()
     trainer, should_stop = _ranks_stop_check(monkeypatch, peer=(1.0, 0.0, float(signal.SIGTERM)))

@@ -198,7 +198,8 @@ def test_buckets_are_the_files_instantiations():
 @pytest.fixture
 def standin(monkeypatch):
     """`import cupy` gives the CPU stand-in and the device is "cuda" (as tests/test_fake_cupy.py)."""
-    from xtrain_lessons.runtime import cupy_standin, device
+    from xtrain_lessons import cupy_standin
+    from xtrain_lessons.runtime import device
     from xtrain_lessons.runtime import cuda as cuda_kernels
 
     before = cupy_standin.install()

@@ -8,7 +8,8 @@ import pytest
 
 from xtrain_lessons.autograd.gradcheck import gradcheck
 from xtrain_lessons.autograd.tensor import Tensor, make_node
-from xtrain_lessons.model import causal_blocks, layers
+from xtrain_lessons.model import layers
+from xtrain_lessons.runtime.opset import attention
 from xtrain_lessons.model.qwen3 import Model, PRESETS
 from xtrain_lessons.runtime import cpu_threads
 from xtrain_lessons.runtime.host import fused_rows as fr
@@ -174,10 +175,10 @@ def test_the_fused_step_gives_the_same_bits_with_any_thread_count():
 # ---- causal attention by blocks of queries ------------------------------------------------
 
 def test_query_blocks_cover_the_queries_and_see_the_causal_keys():
-    assert causal_blocks.query_blocks(10, 10, 4) == [(0, 4, 4), (4, 8, 8), (8, 10, 10)]
-    assert causal_blocks.query_blocks(3, 8, 2) == [(0, 2, 7), (2, 3, 8)]  # queries are the last 3 positions
-    assert causal_blocks.query_blocks(128, 128) == [(0, 64, 64), (64, 128, 128)]
-    assert len(causal_blocks.query_blocks(512, 512)) == 4
+    assert attention.query_blocks(10, 10, 4) == [(0, 4, 4), (4, 8, 8), (8, 10, 10)]
+    assert attention.query_blocks(3, 8, 2) == [(0, 2, 7), (2, 3, 8)]  # queries are the last 3 positions
+    assert attention.query_blocks(128, 128) == [(0, 64, 64), (64, 128, 128)]
+    assert len(attention.query_blocks(512, 512)) == 4
 
 
 @pytest.mark.parametrize("B,Tq,Tk,H,Hkv,D,block", [(2, 13, 13, 4, 2, 8, 4), (1, 9, 14, 3, 1, 6, 2),
@@ -187,30 +188,30 @@ def test_blocks_give_the_full_attention(B, Tq, Tk, H, Hkv, D, block, fused):
     q, g = _randn(B, Tq, H, D, seed=14), _randn(B, Tq, H, D, seed=15)
     k, v = _randn(B, Tk, Hkv, D, seed=16), _randn(B, Tk, Hkv, D, seed=17)
     with fr.disabled() if not fused else contextlib.nullcontext():
-        out, blocks, probs = causal_blocks.causal_forward(q, k, v, block)
-        dq, dk, dv = causal_blocks.causal_backward(q, k, v, g, blocks, probs)
+        out, saved = attention.causal_attention_fwd(q, k, v, block)
+        dq, dk, dv = attention.causal_attention_bwd(q, k, v, g, saved)
     q64, k64, v64, g64 = (a.astype(np.float64) for a in (q, k, v, g))
     ref, _ = layers.attention_fwd(q64, k64, v64)  # every score, the upper half masked
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
-    one_block = causal_blocks.causal_forward(q64, k64, v64, Tq)  # float64, one block = the full matrix
-    rdq, rdk, rdv = causal_blocks.causal_backward(q64, k64, v64, g64, *one_block[1:])
+    _, one_block = attention.causal_attention_fwd(q64, k64, v64, Tq)  # float64, one block = the full matrix
+    rdq, rdk, rdv = attention.causal_attention_bwd(q64, k64, v64, g64, one_block)
     for got, want in ((dq, rdq), (dk, rdk), (dv, rdv)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 def test_blocks_gradcheck():
-    def attention(q, k, v):
-        out, blocks, probs = causal_blocks.causal_forward(q.data, k.data, v.data, 3)
-        return make_node(out, (q, k, v), lambda g: causal_blocks.causal_backward(q.data, k.data, v.data, g,
-                                                                                    blocks, probs), "attn")
+    def blocked(q, k, v):
+        out, saved = attention.causal_attention_fwd(q.data, k.data, v.data, 3)
+        return make_node(out, (q, k, v), lambda g: attention.causal_attention_bwd(q.data, k.data, v.data, g, saved),
+                         "attn")
     q = Tensor(_randn(2, 8, 4, 4, seed=18).astype(np.float64), requires_grad=True)
     k, v = (Tensor(_randn(2, 8, 2, 4, seed=s).astype(np.float64), requires_grad=True) for s in (19, 20))
-    assert gradcheck(attention, [q, k, v])
+    assert gradcheck(blocked, [q, k, v])
 
 
 @pytest.mark.parametrize("wd", [0.1, 0.0])
 def test_adamw_gives_the_bits_of_the_numpy_update(wd):
-    from xtrain_lessons.training.optim import _adamw_update  # noqa: PLC0415
+    from xtrain_lessons.runtime.opset.optim import _adamw_update  # noqa: PLC0415
 
     rng = _rng(21)
     arrays = [rng.standard_normal(10_007).astype(np.float32) for _ in range(3)]
@@ -371,7 +372,7 @@ def test_scale_arrays_gives_numpys_float32_product(threads):
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_adamw_arrays_gives_the_bits_of_numpys_update(threads):
-    from xtrain_lessons.training.optim import _adamw_update
+    from xtrain_lessons.runtime.opset.optim import _adamw_update
 
     def state(seed):
         thetas = _param_like_arrays(seed)

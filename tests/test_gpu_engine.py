@@ -2,7 +2,7 @@
 step against PyTorch eager's ATen ops for the same step, no host synchronisation inside a step;
 and, where a GPU is present (`-m gpu`), a float32 and a bf16 step on the device against the CPU's.
 
-Device calls are counted on the CPU stand-in for CuPy (runtime/cupy_standin) through the loop's
+Device calls are counted on the CPU stand-in for CuPy (cupy_standin) through the loop's
 own train_step (measure/device_calls.py); they do not depend on the batch, the sequence length
 or the vocabulary (one launch per op), so a small batch counts a large one."""
 
@@ -103,7 +103,7 @@ def test_bf16_products_on_the_device():
 @pytest.fixture
 def standin(monkeypatch):
     from xtrain_lessons.runtime import cuda as cuda_kernels  # noqa: PLC0415
-    from xtrain_lessons.runtime import cupy_standin  # noqa: PLC0415
+    from xtrain_lessons import cupy_standin  # noqa: PLC0415
 
     before = cupy_standin.install()
     monkeypatch.setattr(device, "_gpu_ok", None)

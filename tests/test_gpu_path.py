@@ -1,4 +1,4 @@
-"""The GPU path end to end, on the CPU stand-in for CuPy (runtime/cupy_standin): every learner
+"""The GPU path end to end, on the CPU stand-in for CuPy (cupy_standin): every learner
 notebook and every `xtrain` command run with the device set to "cuda", in new processes that take
 the stand-in (`cupy_standin.subprocess_env`: a sitecustomize installs it as `cupy`). They must run
 to the end on CuPy's rules; their numbers need not match the CPU run's (tests/test_fake_cupy.py
@@ -19,7 +19,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from xtrain_lessons.runtime import cupy_standin as fake_cupy
+from xtrain_lessons import cupy_standin as fake_cupy
 from test_train import small_corpus
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from xtrain_lessons.training.grad_scaler import GradScaler
+from xtrain_lessons.training.optim.grad_scaler import GradScaler
 
 
 def _grad_sequence(n_steps=12, seed=0):
@@ -141,19 +141,21 @@ def test_xtrain_train_dtype_fp16_logs_the_scale(corpus, tmp_path):
 
 
 def test_overflowing_steps_are_skipped_and_the_scale_backs_off(corpus, tmp_path, monkeypatch):
+    from xtrain_lessons.training.optim import AdamW  # noqa: PLC0415
+
     calls = []
-    real_unscale = GradScaler.unscale_
+    real_clip = AdamW.clip_grad_norm
 
-    def counting(self, params, dist=None):
-        calls.append(1)
-        return real_unscale(self, params, dist)
+    def counting(self, max_norm, eps=1e-6, scale_state=None):  # the unscale is inside the clip's factor
+        calls.append(scale_state is not None)
+        return real_clip(self, max_norm, eps, scale_state)
 
-    monkeypatch.setattr(GradScaler, "unscale_", counting)
-    monkeypatch.setattr(loop, "GradScaler", partial(GradScaler, init_scale=2.0 ** 24))
+    monkeypatch.setattr(AdamW, "clip_grad_norm", counting)
+    monkeypatch.setattr(loop.trainer, "GradScaler", partial(GradScaler, init_scale=2.0 ** 24))
     cfg = TrainConfig(**{**SMALL, "preset": "test", "model": {}}, steps=12, accum_steps=2, dtype="fp16",
                       data=str(corpus), out=str(tmp_path / "run"))
     r = loop.train(cfg, progress=False, log=lambda s: None)
-    assert r.status == "done" and len(calls) == 12  # once per optimizer step, not per micro-batch
+    assert r.status == "done" and calls == [True] * 12  # once per optimizer step, not per micro-batch
     m = _metrics(tmp_path / "run")
     skipped = [r["grad_norm"] is None for r in m]
     n_skip = m[-1]["skipped_steps"]
@@ -222,7 +224,7 @@ def test_step_unscales_first_when_unscale_was_not_called():
 def test_fp16_resume_is_exact_and_keeps_the_scale(corpus, tmp_path, monkeypatch):
     """The scaler's state (scale, clean-step count, skips) is in the checkpoint: k steps, stop,
     resume to N equals N straight, skipped steps and scales included."""
-    monkeypatch.setattr(loop, "GradScaler", partial(GradScaler, init_scale=2.0 ** 22, growth_interval=3))
+    monkeypatch.setattr(loop.trainer, "GradScaler", partial(GradScaler, init_scale=2.0 ** 22, growth_interval=3))
     cfg = TrainConfig(**{**SMALL, "preset": "test", "model": {}}, steps=8, dtype="fp16", data=str(corpus))
     a = loop.train(cfg.replace(out=str(tmp_path / "a")), progress=False, log=lambda s: None)
     loop.train(cfg.replace(out=str(tmp_path / "b")), stop_at=4, progress=False, log=lambda s: None)

@@ -1,9 +1,9 @@
-"""Fused AdamW kernel (T07) on the CPU emulator against optim.AdamW."""
+"""AdamW over flat buffers: the fused kernel (T07) on the CPU emulator against the CPU update."""
 
 import numpy as np
 import pytest
 
-from xtrain_lessons.training.fused_adamw import FusedAdamW
+from xtrain_lessons.runtime.cuda import load_kernel
 from xtrain_lessons.runtime.kernels.adamw import adamw_flat, adamw_reference
 from xtrain_lessons.model.qwen3 import PRESETS, Model
 from xtrain_lessons.training.optim import AdamW
@@ -45,10 +45,10 @@ def test_reference_equals_optim_adamw():
     np.testing.assert_array_equal(flat, w.data)
 
 
-def train(opt_cls, steps=3, seed=0):
+def train(steps=3, seed=0, kernel=None):
     cfg = PRESETS["test"]
     model = Model(cfg, seed=0)
-    opt = opt_cls(model.named_parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    opt = AdamW(model.named_parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, kernel=kernel)
     rng = np.random.default_rng(seed)
     for _ in range(steps):
         ids, targets = rng.integers(0, cfg.vocab_size, (2, 8)), rng.integers(0, cfg.vocab_size, (2, 8))
@@ -58,47 +58,53 @@ def train(opt_cls, steps=3, seed=0):
     return model, opt
 
 
-def test_fused_adamw_trains_like_adamw():
-    ma, oa = train(AdamW)
-    mb, ob = train(FusedAdamW)
+def test_the_cuda_kernel_trains_like_the_cpu_update():
+    """AdamW's update by kernels/adamw.cu (here on the emulator, as on a GPU) against the CPU's (C++
+    or NumPy), over the same flat buffers."""
+    ma, oa = train()
+    mb, ob = train(kernel=load_kernel("adamw.cu", "adamw_step", backend="cpu"))
     for name, p in ma.named_parameters().items():
         np.testing.assert_allclose(mb.params[name].data, p.data, rtol=1e-5, atol=1e-7, err_msg=name)
     sa, sb = oa.state_dict(), ob.state_dict()
     assert sa["meta"]["step"] == sb["meta"]["step"]
     for k in sa["tensors"]:
         np.testing.assert_allclose(sb["tensors"][k], sa["tensors"][k], rtol=1e-5, atol=1e-9, err_msg=k)
-    # the parameters live in the flat buffer
-    assert all(np.shares_memory(p.data, ob.flat_param) for p in mb.parameters())
-    assert ob.n_decay == sum(p.size for p in mb.parameters() if p.ndim >= 2)
 
 
-def test_fused_state_dict_round_trip():
-    mb, ob = train(FusedAdamW, steps=2)
+def test_the_parameters_live_in_the_flat_buffer_decayed_first():
+    m, opt = train(steps=1)
+    assert all(np.shares_memory(p.data, opt.flat_param) for p in m.parameters())
+    assert all(np.shares_memory(p.grad_buffer, opt.flat_grad) for p in m.parameters())
+    offsets = {id(p): p.data.__array_interface__["data"][0] for p in m.parameters()}
+    decayed = [offsets[id(p)] for p in m.parameters() if p.ndim >= 2]
+    assert max(decayed) < min(offsets[id(p)] for p in m.parameters() if p.ndim < 2)
+
+
+def test_state_dict_round_trip():
+    mb, ob = train(steps=2)
     sd = ob.state_dict()
     model = Model(PRESETS["test"], seed=0)
     model.load_state_dict(mb.state_dict())
-    opt = FusedAdamW(model.named_parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    opt = AdamW(model.named_parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
     opt.load_state_dict(sd)
-    assert opt._step == 2
+    assert opt.step_count == 2
     np.testing.assert_array_equal(opt.flat_exp_avg, ob.flat_exp_avg)
     for st in opt.state.values():
         assert np.shares_memory(st["exp_avg"], opt.flat_exp_avg)
 
 
-def test_fused_adamw_refuses_what_it_cannot_do():
+def test_adamw_refuses_parameters_of_two_dtypes():
     model = Model(PRESETS["test"], seed=0)
-    opt = FusedAdamW(model.named_parameters())
-    with pytest.raises(ValueError, match="no gradient"):
-        opt.step()
-    m64 = Model(PRESETS["test"], seed=0, dtype=np.float64)
-    with pytest.raises(ValueError, match="float32"):
-        FusedAdamW(m64.named_parameters())
+    ps = model.named_parameters()
+    ps["model.norm.weight"].data = ps["model.norm.weight"].data.astype(np.float64)
+    with pytest.raises(ValueError, match="one dtype"):
+        AdamW(ps)
 
 
-def test_fused_step_where_false_keeps_everything_and_true_is_a_plain_step():
-    """FusedAdamW.step(where=...) (the device-side skip of `xtrain train --log-every N`)."""
-    ma, oa = train(FusedAdamW, steps=1)
-    mb, ob = train(FusedAdamW, steps=1)
+def test_step_where_false_keeps_everything_and_true_is_a_plain_step():
+    """AdamW.step(where=...) (the device-side skip of `xtrain train --log-every N`)."""
+    ma, oa = train(steps=1)
+    mb, ob = train(steps=1)
     rng = np.random.default_rng(7)
     for pa, pb in zip(ma.parameters(), mb.parameters()):
         pa.grad = rng.standard_normal(pa.data.shape).astype(np.float32)
@@ -108,19 +114,37 @@ def test_fused_step_where_false_keeps_everything_and_true_is_a_plain_step():
     for b, old in zip((ob.flat_param, ob.flat_exp_avg, ob.flat_exp_avg_sq), before):
         np.testing.assert_array_equal(b, old)
     oa.step()
-    ob._step -= 1  # the skipped step advanced the count; compare one real step with another
+    ob.step_count -= 1  # the skipped step advanced the count; compare one real step with another
     ob.step(where=np.array(True))
     for a, b in ((oa.flat_param, ob.flat_param), (oa.flat_exp_avg, ob.flat_exp_avg),
                  (oa.flat_exp_avg_sq, ob.flat_exp_avg_sq)):
         np.testing.assert_array_equal(a, b)
 
 
-def test_training_uses_the_fused_kernel_on_a_gpu_and_optim_adamw_on_the_cpu():
+def test_the_clip_folded_into_the_step_equals_clip_grad_norm_then_step():
+    """opt.clip_grad_norm(c); opt.step() (the loop's way: the factor applied inside the update) gives
+    the bits of clip_grad_norm(params, c) (torch's way: gradients scaled in place); the same norm."""
+    from xtrain_lessons.training.optim import clip_grad_norm
+
+    ma, oa = train(steps=1)
+    mb, ob = train(steps=1)
+    rng = np.random.default_rng(8)
+    for pa, pb in zip(ma.parameters(), mb.parameters()):
+        pa.grad = rng.standard_normal(pa.data.shape).astype(np.float32)
+        pb.grad = pa.grad.copy()
+    na = clip_grad_norm(ma.named_parameters(), 1.0)
+    oa.step()
+    nb = ob.clip_grad_norm(1.0)
+    ob.step()
+    assert na > 1.0 and float(nb) == na
+    np.testing.assert_array_equal(oa.flat_param, ob.flat_param)
+
+
+def test_the_run_has_one_adamw():
     from xtrain_lessons.training.config import TrainConfig
     from xtrain_lessons.training.loop import make_optimizer
 
     cfg = TrainConfig(max_lr=1e-3, weight_decay=0.1)
     model = Model(PRESETS["test"], seed=0)
-    assert type(make_optimizer(model.named_parameters(), cfg, "cpu")) is AdamW
-    opt = make_optimizer(model.named_parameters(), cfg, "cuda")  # built here on NumPy arrays
-    assert isinstance(opt, FusedAdamW) and opt.groups[0]["lr"] == 1e-3 and opt._wd == 0.1
+    opt = make_optimizer(model.named_parameters(), cfg)
+    assert type(opt) is AdamW and opt.groups[0]["lr"] == 1e-3 and opt.groups[0]["weight_decay"] == 0.1

@@ -24,7 +24,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from xtrain_lessons.runtime import cupy_standin as fake_cupy
+from xtrain_lessons import cupy_standin as fake_cupy
 from xtrain_lessons.runtime import cuda as cuda_kernels
 from xtrain_lessons.runtime import device
 from xtrain_lessons.runtime.kernels import cross_entropy as ce
@@ -665,7 +665,7 @@ def test_non_contiguous_is_refused():
 # ------------------------------------------------------------------ launch discipline (the CuPy stand-in)
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    """`import cupy` gives the stand-in (runtime/cupy_standin) (the launchers take their GPU path on the emulator)."""
+    """`import cupy` gives the stand-in (cupy_standin) (the launchers take their GPU path on the emulator)."""
     before = fake_cupy.install()
     monkeypatch.setattr(device, "_gpu_ok", None)
     try:
@@ -753,11 +753,11 @@ def test_launchers_on_the_stand_in_match_numpy(fake_gpu):
 @pytest.mark.parametrize("state,interval,dynamic", [([65536.0, 1999.0, 0.0], 2000, True), ([65536.0, 5.0, 3.0], 2000, True),
                                                    ([3.0e38, 1.0, 0.0], 2, True), ([8.0, 1.0, 2.0], 2, False)])
 def test_update_scale_is_gradscalers_rule(found, state, interval, dynamic):
-    """The loss scale's update on the device equals training/grad_scaler.py's rule bit for bit:
+    """The loss scale's update on the device equals training/optim/grad_scaler.py's rule bit for bit:
     back off on an inf, grow after `interval` clean steps unless the grown scale is not finite,
     count the skips; a fixed scale only counts."""
     from xtrain_lessons.runtime.kernels.grad_scaler import update_scale, update_scale_reference  # noqa: PLC0415
-    from xtrain_lessons.training.grad_scaler import GradScaler  # noqa: PLC0415
+    from xtrain_lessons.training.optim.grad_scaler import GradScaler  # noqa: PLC0415
 
     s = np.array(state, np.float32)
     want = update_scale_reference(s, bool(found), 2.0, 0.5, interval, dynamic)

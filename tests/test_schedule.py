@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from xtrain_lessons.training.schedule import WarmupCosine, lr_at
+from xtrain_lessons.training.optim.schedule import WarmupCosine, lr_at
 
 
 def _expected(t, hi, lo, tw, tc):

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xtrain_lessons.training import loop as train_mod
+from xtrain_lessons.training.loop import run as train_mod
 from xtrain_lessons.training.checkpoint import latest_checkpoint, list_checkpoints
 from xtrain_lessons.training.config import TrainConfig
 from xtrain_lessons.training.loop import train

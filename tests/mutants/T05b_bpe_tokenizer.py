@@ -105,7 +105,7 @@ def merge_step_overlapping(words):
 
 def _apply(pair, new_id, words, freqs, pair_counts, where, scan_all=False, index_new=True, weight=True,
            write_back=True):
-    from xtrain_lessons.training.bpe_train import merge_word
+    from xtrain_lessons.training.tokenizer.bpe_train import merge_word
 
     changed = set()
     todo = range(len(words)) if scan_all else where.pop(pair, ())

@@ -4,6 +4,8 @@ Every op is ONE graph node made with `tensor.make_node`, including the fused one
 (`rmsnorm`, `softmax`, `log_softmax`, `logsumexp`, `cross_entropy`,
 `scaled_dot_product_attention`), whose backward is derived by hand instead of being
 composed from smaller ops: fewer nodes, fewer temporaries, one pass where it can be.
+This module holds the elementwise ops, the reductions and matmul, and is the one namespace of
+all of them: the shape ops live in autograd/shape.py, the fused ones in autograd/fused.py.
 
 Array code is written against the array module of the data (`xp`: NumPy or CuPy), and
 keeps the input dtype (float32 stays float32; float64 only if the input is float64).
@@ -49,14 +51,13 @@ import operator
 
 import numpy as np
 
+from xtrain_lessons.autograd.fused import (cross_entropy, embedding, log_softmax, rmsnorm,
+                                           scaled_dot_product_attention, softmax)
+from xtrain_lessons.autograd.shape import (broadcast_to, cat, concatenate, getitem, permute, reshape, split, stack,
+                                           swapaxes, transpose)
 from xtrain_lessons.autograd.tensor import Tensor, as_tensor, make_node
-from xtrain_lessons.runtime import gpu_blas
-from xtrain_lessons.runtime.allocator import empty as _empty  # np.empty, or the engine allocator's (T11)
-from xtrain_lessons.runtime.cpu_threads import get_threads, grid, map_rows
-from xtrain_lessons.runtime.cpu_threads import matmul as _rows_matmul
-from xtrain_lessons.runtime.cpu_threads import sum_blocks
-from xtrain_lessons.runtime.device import HostChecked, array_module, on_gpu, scatter_add
-from xtrain_lessons.runtime import fused
+from xtrain_lessons.runtime import opset
+from xtrain_lessons.runtime.device import array_module
 
 __all__ = [
     "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sqrt", "sigmoid", "silu",
@@ -102,22 +103,13 @@ def _axes(axis, ndim):
     return tuple(sorted(out))
 
 
-def _shape_arg(shape):
-    """Accept reshape(x, 2, 3) and reshape(x, (2, 3))."""
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        return tuple(shape[0])
-    return tuple(shape)
-
-
 # ----------------------------------------------------------------------------------------
 # elementwise binary ops (the engine sums gradients back over broadcast axes)
 
 
 def add(a, b) -> Tensor:
     a, b = _pair(a, b)
-    out = fused.add(a.data, b.data)  # same-shaped: on the threads or one GPU launch (a residual add)
-    if out is None:
-        out = _elementwise("add", operator.add, a, b)
+    out = _elementwise("add", opset.add, a, b)  # same-shaped: on the threads or one GPU launch (a residual add)
     return make_node(out, (a, b), lambda g: (g, g), "add", unbroadcast=True)
 
 
@@ -343,32 +335,6 @@ def logsumexp(x, axis=-1, keepdims=False) -> Tensor:
 # matmul
 
 
-def _mm(x, y):
-    """x @ y on arrays, taking BLAS-friendly paths.
-
-    NumPy's stacked matmul falls off BLAS when a batch dimension is broadcast (a 3-D
-    activation times a 2-D weight: measured ~100x slower than one 2-D GEMM). So:
-    a 2-D right operand folds the batch into the rows, (B*M, K) @ (K, N); equal batch
-    dims use NumPy's batched matmul (BLAS per matrix); broadcast batch dims loop over
-    the batch writing into a preallocated output. CuPy (cuBLAS) takes x @ y directly.
-    """
-    if on_gpu(x):
-        return gpu_blas.matmul(x, y)
-    if y.ndim == 2:  # (..., M, K) @ (K, N): one GEMM of (prod(...) * M, K) @ (K, N)
-        return _rows_matmul(x.reshape(-1, x.shape[-1]), y).reshape(x.shape[:-1] + (y.shape[-1],))
-    if x.shape[:-2] == y.shape[:-2]:
-        if y.strides[-1] != y.itemsize:  # a transposed view on the right (k.swapaxes(-1, -2)):
-            y = np.ascontiguousarray(y)  # NumPy would loop without BLAS, ~3x slower than copying
-        return x @ y
-    batch = np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
-    xb = np.broadcast_to(x, batch + x.shape[-2:])  # views: no copy
-    yb = np.broadcast_to(y, batch + y.shape[-2:])
-    out = np.empty(batch + (x.shape[-2], y.shape[-1]), dtype=np.result_type(x, y))
-    for i in np.ndindex(*batch):
-        np.matmul(xb[i], yb[i], out=out[i])
-    return out
-
-
 def matmul(a, b) -> Tensor:
     """(..., M, K) @ (..., K, N) -> (..., M, N), batch dims broadcast.
 
@@ -391,468 +357,23 @@ def matmul(a, b) -> Tensor:
     except ValueError:
         raise ValueError(f"matmul: shapes {a.shape} and {b.shape} do not match: batch dimensions "
                          f"{a.shape[:-2]} and {b.shape[:-2]} cannot be broadcast") from None
-    out = _mm(a.data, b.data)
+    out = opset.matmul(a.data, b.data)
 
     def backward(g):  # g: (..., M, N)
         ga = gb = None
         if a.requires_grad:
-            ga = _mm(g, b.data.swapaxes(-1, -2))  # (..., M, K)
+            ga = opset.matmul(g, b.data.swapaxes(-1, -2))  # (..., M, K)
         if b.requires_grad:
             if b.ndim == 2:
                 # weight shared over the batch: one GEMM (K, B*M) @ (B*M, N) -> (K, N)
                 # instead of a batch of small ones followed by a sum
                 K, N = b.shape
-                gb = _rows_matmul(a.data.reshape(-1, K).T, g.reshape(-1, N))
+                gb = opset.matmul(a.data.reshape(-1, K).T, g.reshape(-1, N))
             else:
-                gb = _mm(a.data.swapaxes(-1, -2), g)  # (..., K, N), unbroadcast by the engine
+                gb = opset.matmul(a.data.swapaxes(-1, -2), g)  # (..., K, N), unbroadcast by the engine
         return ga, gb
 
     return make_node(out, (a, b), backward, "matmul", unbroadcast=True)
-
-
-# ----------------------------------------------------------------------------------------
-# shape ops
-
-
-def reshape(x, *shape) -> Tensor:
-    x = as_tensor(x)
-    shape = _shape_arg(shape)
-    try:
-        out = x.data.reshape(shape)
-    except ValueError:
-        raise ValueError(f"reshape: cannot reshape {x.shape} (size {x.size}) "
-                         f"into {shape}") from None
-    return make_node(out, (x,), lambda g: (g.reshape(x.shape),), "reshape")
-
-
-def transpose(x, *axes) -> Tensor:
-    """Permute the axes (all reversed when none are given, like NumPy)."""
-    x = as_tensor(x)
-    axes = _shape_arg(axes) or tuple(reversed(range(x.ndim)))
-    if sorted(a % builtins.max(x.ndim, 1) for a in axes) != list(range(x.ndim)):
-        raise ValueError(f"transpose: axes {axes} are not a permutation for shape {x.shape}")
-    out = x.data.transpose(axes)
-    inverse = tuple(np.argsort([a % x.ndim for a in axes]))
-    return make_node(out, (x,), lambda g: (g.transpose(inverse),), "transpose")
-
-
-permute = transpose
-
-
-def swapaxes(x, axis1, axis2) -> Tensor:
-    x = as_tensor(x)
-    out = x.data.swapaxes(axis1, axis2)
-    return make_node(out, (x,), lambda g: (g.swapaxes(axis1, axis2),), "swapaxes")
-
-
-def broadcast_to(x, shape) -> Tensor:
-    """A broadcast (read-only) view; the gradient is summed back over the broadcast axes."""
-    x = as_tensor(x)
-    shape = tuple(shape)
-    try:
-        out = array_module(x.data).broadcast_to(x.data, shape)
-    except ValueError:
-        raise ValueError(f"broadcast_to: cannot broadcast {x.shape} to {shape}") from None
-    return make_node(out, (x,), lambda g: (g,), "broadcast_to", unbroadcast=True)
-
-
-def _unwrap_index(idx):
-    if isinstance(idx, Tensor):
-        return idx.data
-    if isinstance(idx, tuple):
-        return tuple(i.data if isinstance(i, Tensor) else i for i in idx)
-    return idx
-
-
-def _is_advanced(idx):
-    """Does `idx` contain an array or list (NumPy advanced indexing: positions may repeat)?"""
-    items = idx if isinstance(idx, tuple) else (idx,)
-    return builtins.any(isinstance(i, list) or (hasattr(i, "ndim") and i.ndim > 0) for i in items)
-
-
-def getitem(x, idx) -> Tensor:
-    """x[idx]. Backward scatters into zeros: assignment for slices (positions are unique),
-    `add.at` for integer arrays (the same row may be picked twice: contributions add)."""
-    x = as_tensor(x)
-    idx = _unwrap_index(idx)
-    out = x.data[idx]
-    advanced = _is_advanced(idx)
-
-    def backward(g):
-        xp = array_module(g)
-        gx = xp.zeros(x.shape, dtype=g.dtype)
-        if advanced:
-            scatter_add(gx, idx, g)
-        else:
-            gx[idx] = g
-        return (gx,)
-
-    return make_node(out, (x,), backward, "getitem")
-
-
-def cat(tensors, axis=0) -> Tensor:
-    """Concatenate along `axis`; backward hands each input its slice of the gradient."""
-    tensors = [as_tensor(t) for t in tensors]
-    xp = array_module(tensors[0].data)
-    try:
-        out = xp.concatenate([t.data for t in tensors], axis=axis)
-    except ValueError:
-        raise ValueError(f"cat: shapes {[t.shape for t in tensors]} do not match "
-                         f"outside axis {axis}") from None
-    ax = axis % out.ndim
-    bounds = np.cumsum([t.shape[ax] for t in tensors])[:-1].tolist()
-
-    def backward(g):
-        return tuple(xp.split(g, bounds, axis=ax))
-
-    return make_node(out, tensors, backward, "cat")
-
-
-concatenate = cat
-
-
-def stack(tensors, axis=0) -> Tensor:
-    tensors = [as_tensor(t) for t in tensors]
-    xp = array_module(tensors[0].data)
-    shapes = {t.shape for t in tensors}
-    if len(shapes) != 1:
-        raise ValueError(f"stack: all shapes must be equal, got {[t.shape for t in tensors]}")
-    out = xp.stack([t.data for t in tensors], axis=axis)
-    ax = axis % out.ndim
-
-    def backward(g):
-        return tuple(xp.moveaxis(g, ax, 0))
-
-    return make_node(out, tensors, backward, "stack")
-
-
-def split(x, split_size_or_sections, axis=0) -> list:
-    """torch.split: an int is the size of each chunk (the last may be smaller), a list the
-    sizes. Each chunk is a view node whose backward places its gradient in a zero array."""
-    x = as_tensor(x)
-    ax = axis % x.ndim
-    n = x.shape[ax]
-    if isinstance(split_size_or_sections, int):
-        step = split_size_or_sections
-        sizes = [builtins.min(step, n - i) for i in range(0, n, step)]
-    else:
-        sizes = list(split_size_or_sections)
-        if builtins.sum(sizes) != n:
-            raise ValueError(f"split: sizes {sizes} do not sum to {n} (axis {axis} of {x.shape})")
-    outs, start = [], 0
-    for size in sizes:
-        idx = (slice(None),) * ax + (slice(start, start + size),)
-        outs.append(getitem(x, idx))
-        start += size
-    return outs
-
-
-# ----------------------------------------------------------------------------------------
-# fused ops
-
-
-def softmax(x, axis=-1) -> Tensor:
-    """exp(x - max) / sum, one node. Backward: y * (g - sum(g * y)) along `axis`."""
-    x = as_tensor(x)
-    xp = array_module(x.data)
-    y = x.data - x.data.max(axis=axis, keepdims=True)
-    xp.exp(y, out=y)
-    y /= y.sum(axis=axis, keepdims=True)
-
-    def backward(g):
-        gx = g * y
-        gx -= y * gx.sum(axis=axis, keepdims=True)
-        return (gx,)
-
-    return make_node(y, (x,), backward, "softmax")
-
-
-def log_softmax(x, axis=-1) -> Tensor:
-    """x - logsumexp(x), one node. Backward: g - softmax(x) * sum(g)."""
-    x = as_tensor(x)
-    xp = array_module(x.data)
-    y = x.data - x.data.max(axis=axis, keepdims=True)
-    y -= xp.log(xp.exp(y).sum(axis=axis, keepdims=True))
-
-    def backward(g):
-        return (g - xp.exp(y) * g.sum(axis=axis, keepdims=True),)
-
-    return make_node(y, (x,), backward, "log_softmax")
-
-
-def rmsnorm(x, weight=None, eps=1e-6, out_dtype=None) -> Tensor:
-    """RMSNorm over the last axis, one node: y = x * r * w with r = 1/sqrt(mean(x^2) + eps).
-
-    Backward, with xhat = x * r and gh = g * w:
-        dw = sum over rows of g * xhat
-        dx = r * (gh - xhat * mean(gh * xhat))
-    `out_dtype` (the GPU's bf16/fp16 forward): y and the saved xhat in that storage dtype from a
-    float32 x, by the device's fused kernel (float32 statistics inside). Low-precision storage
-    keeps r in float32.
-    """
-    x = as_tensor(x)
-    xp = array_module(x.data)
-    D = x.shape[-1]
-    if weight is not None:
-        weight = as_tensor(weight)
-        if weight.shape != (D,):
-            raise ValueError(f"rmsnorm: weight shape {weight.shape} does not match the last "
-                             f"dimension of x {x.shape}")
-    xd = x.data
-    low = xd.dtype.itemsize < 4  # bf16 / fp16 storage: float32 statistics
-    dt = np.float32 if low else xd.dtype.type
-    x2 = xd.reshape(-1, D)  # (N, D)
-    N = x2.shape[0]
-    inv_d, eps_ = dt(1.0 / D), dt(eps)
-    w = weight.data if weight is not None else None
-    y_dtype = np.dtype(out_dtype) if out_dtype is not None else x2.dtype
-    xhat, r = _empty(x2.shape, y_dtype, x2), xp.empty((N, 1), dtype=dt)
-    out = _empty(x2.shape, y_dtype, x2) if w is not None else xhat
-    use_kernels = fused.usable(x2, w, xhat)  # the device's own kernel (runtime/fused.py)
-    if (y_dtype != x2.dtype or low) and not use_kernels:
-        raise ValueError(f"rmsnorm: {x2.dtype} input with {y_dtype} output needs the device's fused kernel "
-                         f"(a GPU's; the CPU emulates low precision in model/precision.py)")
-
-    def forward_rows(lo, hi):  # one cache-sized block of rows (xtrain_lessons.runtime.cpu_threads)
-        xb = x2[lo:hi]
-        ms = xp.einsum("ij,ij->i", xb, xb)  # sum of squares, no (rows, D) temporary
-        ms *= inv_d
-        ms += eps_
-        rb = r[lo:hi]
-        xp.divide(dt(1.0), xp.sqrt(ms, out=ms)[:, None], out=rb)
-        xp.multiply(xb, rb, out=xhat[lo:hi])
-        if w is not None:
-            xp.multiply(xhat[lo:hi], w, out=out[lo:hi])
-
-    if use_kernels:  # the same chain in one pass per row: C++ on the engine's threads, or one GPU launch
-        fused.rmsnorm_fwd(x2, w, xhat, out, r, eps_)
-    else:
-        map_rows(forward_rows, N, D * xd.itemsize, like=xd)
-
-    def backward(g):
-        g2 = g.reshape(-1, D)
-        want_w = weight is not None and weight.requires_grad
-        gx = _empty(x2.shape, x2.dtype, x2) if x.requires_grad else None
-
-        if use_kernels and fused.usable(g2):
-            return _rmsnorm_backward_fused(g2, xhat, w, r, x, want_w, weight is not None)
-
-        def backward_rows(lo, hi):
-            gb, xh = g2[lo:hi], xhat[lo:hi]
-            # dw's partial sums on the fixed grid (cpu_threads.grid): the same bits for any threads
-            gw_part = [xp.einsum("ij,ij->j", g2[a:b], xhat[a:b])
-                       for a, b in grid(lo, hi, D * xd.itemsize)] if want_w else None
-            if gx is not None:
-                gh = gb * w if w is not None else gb
-                dot = xp.einsum("ij,ij->i", gh, xh)  # (rows,)
-                dot *= inv_d
-                gxb = gx[lo:hi]
-                xp.multiply(xh, dot[:, None], out=gxb)
-                xp.subtract(gh, gxb, out=gxb)
-                gxb *= r[lo:hi]
-            return gw_part
-
-        partials = map_rows(backward_rows, N, D * xd.itemsize, like=xd)
-        gw = sum_blocks(partials) if want_w else None
-        gx = gx.reshape(x.shape) if gx is not None else None
-        return (gx, gw) if weight is not None else (gx,)
-
-    parents = (x, weight) if weight is not None else (x,)
-    return make_node(out.reshape(x.shape), parents, backward, "rmsnorm")
-
-
-def _rmsnorm_backward_fused(g2, xhat, w, r, x, want_w, has_weight):
-    """rmsnorm's backward by the device's kernel (runtime/fused.py): dw summed over the rows in a
-    fixed order (the same bits for any thread count on the CPU)."""
-    xp = array_module(xhat)
-    gw = xp.empty(xhat.shape[1], dtype=np.float32) if want_w else None
-    gx = _empty(xhat.shape, xhat.dtype, xhat) if x.requires_grad else None
-    fused.rmsnorm_bwd(g2, xhat, w, r, gx, gw)
-    gx = gx.reshape(x.shape) if gx is not None else None
-    return (gx, gw) if has_weight else (gx,)
-
-
-def embedding(weight, ids) -> Tensor:
-    """weight (V, D) gathered at integer ids (...) -> (..., D).
-
-    Backward scatter-adds the rows of the gradient into a (V, D) zero array: a token
-    that appears several times receives the sum of its rows.
-    """
-    weight = as_tensor(weight)
-    checked = isinstance(ids, HostChecked)  # on the device, checked before the copy
-    ids_in = ids.data if isinstance(ids, (Tensor, HostChecked)) else ids
-    xp = array_module(weight.data)
-    ids = xp.asarray(ids_in)
-    if ids.dtype.kind not in "iu":
-        raise TypeError(f"embedding: ids must be integers, got {ids.dtype}")
-    if weight.ndim != 2:
-        raise ValueError(f"embedding: weight must be (V, D), got {weight.shape}")
-    # NumPy would silently wrap a negative id around: refuse it. Checked on the host array when
-    # the ids come from the host (free); ids already on a GPU cost a host synchronisation.
-    src = ids_in if isinstance(ids_in, np.ndarray) else ids
-    if ids.size and not checked and (int(src.min()) < 0 or int(src.max()) >= weight.shape[0]):
-        raise ValueError(f"embedding: ids must lie in [0, {weight.shape[0]}), got "
-                         f"min {int(src.min())}, max {int(src.max())}")
-    out = weight.data[ids]  # (..., D)
-
-    def backward(g):
-        V, D = weight.shape
-        flat, g2 = ids.reshape(-1), g.reshape(-1, D)
-        gw = _empty((V, D), g.dtype, g)
-        if fused.usable(g2, gw):  # C++: each thread its vocabulary rows; a GPU: one launch of atomic adds
-            fused.embedding_bwd(xp.ascontiguousarray(flat, dtype=np.int64), g2, gw)
-            return (gw,)
-
-        def vocab_rows(lo, hi):  # the rows of token ids lo..hi-1, one range per thread
-            part = gw[lo:hi]
-            part[...] = 0
-            if lo == 0 and hi == V:
-                scatter_add(part, flat, g2)  # fast in NumPy >= 1.25
-            else:  # this range's tokens, in their order: the same additions as one call
-                mine = (flat >= lo) & (flat < hi)
-                scatter_add(part, flat[mine] - lo, g2[mine])
-
-        threads = get_threads()
-        map_rows(vocab_rows, V, 1, like=gw, block_bytes=-(-V // threads))
-        return (gw,)
-
-    return make_node(out, (weight,), backward, "embedding")
-
-
-def cross_entropy_targets(targets, lead_shape, V: int, ignore_index: int, xp):
-    """Checked targets of a cross-entropy over V classes: (t_safe (N,) with ignored positions
-    as 0, valid (N,) bool, n_valid). The range check reads the host array when the targets
-    come from the host (no device sync)."""
-    targets_in = targets.data if isinstance(targets, Tensor) else targets
-    targets = xp.asarray(targets_in)
-    if tuple(lead_shape) != targets.shape:
-        raise ValueError(f"cross_entropy: logits shape {(*lead_shape, V)} and targets shape "
-                         f"{targets.shape} do not match (expected targets {tuple(lead_shape)})")
-    if targets.dtype.kind not in "iu":
-        raise TypeError(f"cross_entropy: targets must be integers, got {targets.dtype}")
-    t = targets.reshape(-1)  # (N,)
-    valid = t != ignore_index
-    t_safe = xp.where(valid, t, 0)
-    src = np.where(targets_in != ignore_index, targets_in, 0) if isinstance(targets_in, np.ndarray) else t_safe
-    if t.size and (int(src.min()) < 0 or int(src.max()) >= V):
-        raise ValueError(f"cross_entropy: targets must lie in [0, {V}) or equal "
-                         f"ignore_index={ignore_index}")
-    return t_safe, valid, valid.sum()
-
-
-def softmax_rows(xb, eb, sb, lseb):
-    """Rows of a cross-entropy forward: eb = exp(xb - max) (eb may be xb itself: in place),
-    sb its row sums, lseb = log-sum-exp of xb."""
-    if fused.usable(xb, eb, sb, lseb):  # max, exp, sum, log: one pass per row (C++, or one GPU launch)
-        if eb is not xb:
-            eb[...] = xb
-        return fused.softmax_exp_rows(eb, sb, lseb)
-    xp = array_module(xb)
-    m = xb.max(axis=1, keepdims=True)  # (rows, 1), not differentiated
-    xp.subtract(xb, m, out=eb)
-    xp.exp(eb, out=eb)
-    eb.sum(axis=1, keepdims=True, out=sb)
-    xp.log(sb, out=lseb)
-    lseb += m
-
-
-def mean_valid_loss(losses, valid, n_valid):
-    """The mean of the per-row losses over the valid rows (nan if none), a 0-d array."""
-    xp = array_module(losses)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        loss = (losses * valid).sum() / n_valid.astype(losses.dtype)
-    return xp.asarray(loss, dtype=losses.dtype)
-
-
-def softmax_grad_factors(g, s, valid, n_valid):
-    """(f (N, 1), scale (N,)) of d loss / d logits = e * f - onehot(target) * scale, for the
-    upstream gradient g of the mean loss (softmax = e / s)."""
-    dt = s.dtype
-    with np.errstate(invalid="ignore", divide="ignore"):
-        scale = valid.astype(dt) * (g / n_valid.astype(dt)).astype(dt)  # (N,)
-    return (scale / s[:, 0])[:, None], scale
-
-
-def cross_entropy(logits, targets, ignore_index=-100) -> Tensor:
-    """Mean over non-ignored positions of -log softmax(logits)[target], one node.
-
-    logits (..., V), targets int (...). Forward keeps exp(logits - max) and its row sums for
-    backward: d loss / d logits = (softmax - onehot(target)) / n_valid.
-    If every target is ignored the loss is nan (0/0), as in torch.
-    """
-    logits = as_tensor(logits)
-    xp = array_module(logits.data)
-    V = logits.shape[-1]
-    x = logits.data.reshape(-1, V)  # (N, V)
-    t_safe, valid, n_valid = cross_entropy_targets(targets, logits.shape[:-1], V, ignore_index, xp)
-    rows = xp.arange(x.shape[0])
-
-    N = x.shape[0]
-    e = _empty(x.shape, x.dtype, x)  # exp(x - max), kept for backward (unnormalized)
-    s = xp.empty((N, 1), dtype=x.dtype)  # its row sums
-    lse = xp.empty((N, 1), dtype=x.dtype)
-    if fused.usable(x, e):  # one pass per row: C++ on the engine's threads, or one GPU launch
-        softmax_rows(x, e, s, lse)
-    else:
-        map_rows(lambda lo, hi: softmax_rows(x[lo:hi], e[lo:hi], s[lo:hi], lse[lo:hi]), N, V * x.itemsize, like=x)
-    loss = mean_valid_loss(lse[:, 0] - x[rows, t_safe], valid, n_valid)
-
-    def backward(g):
-        f, scale = softmax_grad_factors(g, s, valid, n_valid)
-        gx = _empty(e.shape, e.dtype, e)
-        map_rows(lambda lo, hi: xp.multiply(e[lo:hi], f[lo:hi], out=gx[lo:hi]), N, V * x.itemsize,
-                 like=x)
-        gx[rows, t_safe] -= scale
-        return (gx.reshape(logits.shape),)
-
-    return make_node(loss, (logits,), backward, "cross_entropy")
-
-
-def scaled_dot_product_attention(q, k, v, causal=False, scale=None, mask=None) -> Tensor:
-    """softmax(q k^T * scale [+ mask]) v as one node.
-
-    q (..., Tq, D), k (..., Tk, D), v (..., Tk, Dv) -> (..., Tq, Dv). `causal` lets query i
-    attend to keys j <= i; `mask` is boolean, True where attending is allowed. The
-    attention probabilities P (..., Tq, Tk) are kept for backward:
-        dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dP * P)),
-        dQ = dS K * scale,  dK = dS^T Q * scale.
-    """
-    q, k, v = as_tensor(q), as_tensor(k), as_tensor(v)
-    xp = array_module(q.data)
-    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"scaled_dot_product_attention: shapes q {q.shape}, k {k.shape}, "
-                         f"v {v.shape} do not match")
-    Tq, Tk = q.shape[-2], k.shape[-2]
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    s = _mm(q.data, k.data.swapaxes(-1, -2))  # (..., Tq, Tk)
-    s *= s.dtype.type(scale)
-    allowed = None
-    if causal:
-        allowed = xp.tril(xp.ones((Tq, Tk), dtype=bool))
-    if mask is not None:
-        mask = mask.data if isinstance(mask, Tensor) else xp.asarray(mask)
-        allowed = mask if allowed is None else (allowed & mask)
-    if allowed is not None:
-        s = xp.where(allowed, s, s.dtype.type(-np.inf))
-    # softmax over the keys, in place
-    s -= s.max(axis=-1, keepdims=True)
-    xp.exp(s, out=s)
-    s /= s.sum(axis=-1, keepdims=True)
-    p = s  # (..., Tq, Tk)
-    out = _mm(p, v.data)  # (..., Tq, Dv)
-
-    def backward(g):  # g: (..., Tq, Dv)
-        gv = _mm(p.swapaxes(-1, -2), g) if v.requires_grad else None  # (..., Tk, Dv)
-        ds = _mm(g, v.data.swapaxes(-1, -2))  # dP (..., Tq, Tk)
-        ds -= (ds * p).sum(axis=-1, keepdims=True)
-        ds *= p
-        ds *= ds.dtype.type(scale)
-        gq = _mm(ds, k.data) if q.requires_grad else None  # (..., Tq, D)
-        gk = _mm(ds.swapaxes(-1, -2), q.data) if k.requires_grad else None  # (..., Tk, D)
-        return gq, gk, gv
-
-    return make_node(out, (q, k, v), backward, "sdpa", unbroadcast=True)
 
 
 # ----------------------------------------------------------------------------------------

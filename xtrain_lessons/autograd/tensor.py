@@ -72,8 +72,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from xtrain_lessons.runtime.device import array_module, on_gpu
-from xtrain_lessons.runtime import fused
+from xtrain_lessons.runtime.device import array_module, is_array, to_device_of, to_host
+from xtrain_lessons.runtime import opset
 
 __all__ = [
     "Tensor", "tensor", "as_tensor", "make_node", "no_grad", "enable_grad",
@@ -151,7 +151,7 @@ def _to_array(data, dtype=None):
     if dtype is not None:
         xp = array_module(data)
         return xp.asarray(data, dtype=dtype)
-    if hasattr(data, "__array_interface__") or on_gpu(data):
+    if is_array(data):
         if isinstance(data, np.generic):  # numpy scalar: keep its dtype
             return np.asarray(data)
         return data
@@ -218,9 +218,7 @@ class Tensor:
 
     def numpy(self) -> np.ndarray:
         """The data as a NumPy array (copied from the GPU when it lives there)."""
-        if isinstance(self.data, np.ndarray):
-            return self.data
-        return self.data.get() if hasattr(self.data, "get") else np.asarray(self.data)
+        return to_host(self.data)
 
     def detach(self) -> "Tensor":
         """Same data (shared, no copy), cut from the graph, requires_grad=False."""
@@ -292,11 +290,9 @@ class Tensor:
                 if prev is None:
                     grads[id(p)] = gp
                 elif id(p) in sums:
-                    if fused.add(prev, gp, out=prev) is None:
-                        prev += gp
+                    opset.add(prev, gp, out=prev)
                 else:
-                    total = fused.add(prev, gp)  # large float32: on the threads (a GPU: one launch)
-                    grads[id(p)] = prev + gp if total is None else total
+                    grads[id(p)] = opset.add(prev, gp)  # large float32: on the threads (a GPU: one launch)
                     sums.add(id(p))
 
     # -- operators: defined in ops.py, attached at the bottom of this file --
@@ -304,7 +300,7 @@ class Tensor:
 
 def _accumulate_into(t: Tensor, g):
     if t.grad is None:
-        buffer = getattr(t, "grad_buffer", None)  # where an optimizer wants it (FusedAdamW's flat buffer)
+        buffer = getattr(t, "grad_buffer", None)  # where an optimizer wants it (AdamW's flat buffer)
         if buffer is not None and buffer.shape == g.shape and buffer.dtype == t.dtype:
             buffer[...] = g
             t.grad = buffer
@@ -392,9 +388,8 @@ def as_tensor(x, like: Tensor | None = None) -> Tensor:
         dtype = like.dtype if like.dtype.kind == "f" else (
             DEFAULT_DTYPE if isinstance(x, float) else like.dtype)
         return Tensor(xp.asarray(x, dtype=dtype))
-    if like is not None and on_gpu(like.data) and (isinstance(x, np.generic) or
-                                                   (isinstance(x, np.ndarray) and x.ndim == 0)):
-        return Tensor(array_module(like.data).asarray(x))
+    if like is not None and getattr(x, "ndim", None) == 0:  # a scalar array goes where `like` lives
+        return Tensor(to_device_of(x, like.data))
     return Tensor(x)
 
 

@@ -26,7 +26,7 @@ from xtrain_lessons.training.data import (
     read_documents,
     read_header,
 )
-from xtrain_lessons.training.fetch import KNOWN_FILES, FetchError, fetch
+from xtrain_lessons.training.data.fetch import KNOWN_FILES, FetchError, fetch
 from xtrain_lessons.training.tokenizer import (
     DEFAULT_VOCAB_SIZE,
     decode,

@@ -15,8 +15,8 @@ from safetensors import SafetensorError
 from xtrain_lessons.interop.hf import ExportError
 from xtrain_lessons.parallel.collectives import DistributedError
 from xtrain_lessons.training.checkpoint import CheckpointError, is_disk_full
-from xtrain_lessons.training.deferred import TrainingDiverged
-from xtrain_lessons.training.fetch import FetchError
+from xtrain_lessons.training.loop.deferred import TrainingDiverged
+from xtrain_lessons.training.data.fetch import FetchError
 from xtrain_lessons.training.loop import OutOfDeviceMemory
 
 USAGE, RUNTIME = 2, 1

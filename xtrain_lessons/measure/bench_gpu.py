@@ -4,11 +4,11 @@
                        [--preset tiny|20m|gpt2-small] [--batch-size B] [--seq-len T] [--attention composed|flash]
 
 The steppers, each from the same weights and on the same batches:
-- ``engine``: the training loop's GPU step: the model on the device, FusedAdamW over flat buffers
+- ``engine``: the training loop's GPU step: the model on the device, AdamW over flat buffers
   with the norm, the clip (and fp16's unscale, skip and loss-scale update) on the device, no host
   synchronisation inside a step;
 - ``engine+graph`` (``--cuda-graph``): that step captured once as a CUDA graph and replayed
-  (training/cuda_graph.py), checked bit for bit against the eager step at the capture;
+  (training/loop/cuda_graph.py), checked bit for bit against the eager step at the capture;
 - the torch baselines named in ``--against`` (measure/torch_twin.py; default DEFAULT_AGAINST):
   ``sdpa`` (eager, SDPA, fused AdamW, pinned batches copied without blocking, autocast in bf16/fp16),
   ``compile`` (torch.compile, default mode: forward + loss + their backward, and the optimizer step
@@ -58,9 +58,9 @@ from xtrain_lessons.measure.gpu_specs import spec_peak
 from xtrain_lessons.model.qwen3 import PRESETS, Model
 from xtrain_lessons.runtime import cublas_direct
 from xtrain_lessons.runtime.device import Timer, describe, get_xp, synchronize
-from xtrain_lessons.training.cuda_graph import CudaGraphStep
-from xtrain_lessons.training.fused_adamw import FusedAdamW
-from xtrain_lessons.training.grad_scaler import GradScaler
+from xtrain_lessons.training.loop.cuda_graph import CudaGraphStep
+from xtrain_lessons.training.optim import AdamW
+from xtrain_lessons.training.optim.grad_scaler import GradScaler
 
 __all__ = ["run_train_bench_gpu", "gpu_matmul_peak", "engine_stepper_gpu", "DEFAULT_AGAINST", "LOSS_TOLERANCE"]
 
@@ -92,12 +92,12 @@ def gpu_matmul_peak(dtype: str = "float32", n: int = 8192, reps: int = 5) -> flo
 def engine_stepper_gpu(config, dtype: str = "float32", seed: int = 0, graph: bool = False):
     """(step(batch) -> (loss, seconds), initial state_dict): the training loop's GPU step (see the
     module doc); the loss stays a device value. graph: the same step captured as a CUDA graph and
-    replayed (training/cuda_graph.py; float32 and bf16), `step.graph_step` says whether it was."""
+    replayed (training/loop/cuda_graph.py; float32 and bf16), `step.graph_step` says whether it was."""
     model = Model(config, seed=seed)
     init = model.state_dict()
     model.to("cuda")
     model.compute_dtype = dtype
-    opt = FusedAdamW(model.named_parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    opt = AdamW(model.named_parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
     if graph:
         if dtype == "fp16":
             raise ValueError("bench: --cuda-graph captures float32 and bf16 steps (fp16's loss scaling runs eagerly)")

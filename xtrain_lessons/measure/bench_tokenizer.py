@@ -26,10 +26,10 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 
 from xtrain_lessons.training import tokenizer as engine
-from xtrain_lessons.training.bpe_hf import save_pretrained, to_hf_json, train_engine_tokenizer
-from xtrain_lessons.training.bpe_pretokenize import count_file
-from xtrain_lessons.training.bpe_tokenizer import Tokenizer
-from xtrain_lessons.training.bpe_train import merge_incremental, merge_naive
+from xtrain_lessons.training.tokenizer.bpe_hf import save_pretrained, to_hf_json, train_engine_tokenizer
+from xtrain_lessons.training.tokenizer.bpe_pretokenize import count_file
+from xtrain_lessons.training.tokenizer.bpe_tokenizer import Tokenizer
+from xtrain_lessons.training.tokenizer.bpe_train import merge_incremental, merge_naive
 from xtrain_lessons.training.data import prepare, read_documents
 
 EOT = "<|endoftext|>"
@@ -49,7 +49,7 @@ def _stream_peak_rss(path: Path, tok_json: Path) -> dict:
     inherits from its parent) of a fresh process streaming `path` through encode_iterable."""
     code = (
         "import re, time\n"
-        "from xtrain_lessons.training.bpe_hf import load_hf\n"
+        "from xtrain_lessons.training.tokenizer.bpe_hf import load_hf\n"
         "hwm = lambda: int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1]) / 1024\n"
         f"tok = load_hf({str(tok_json)!r})\n"
         "base = hwm()\n"

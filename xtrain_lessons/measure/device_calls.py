@@ -9,9 +9,9 @@ microseconds of CPU time however little work it does. So count them before timin
     ops = torch_step_ops(PRESETS["tiny"])
     ops.total, ops.views                             # PyTorch eager's ATen ops for the same step
 
-`engine_step_calls` runs the training loop's own step (training/loop.py: forward, backward, the
+`engine_step_calls` runs the training loop's own step (training/loop/step.py: forward, backward, the
 norm and clip, the optimizer, on the "cuda" device) on the CPU stand-in for CuPy
-(runtime/cupy_standin), which counts every device call — operators, ufuncs, reductions, copies,
+(cupy_standin), which counts every device call — operators, ufuncs, reductions, copies,
 cuBLAS calls, kernel launches — and every host synchronisation, as a GPU would see them, and the
 bytes each call reads and writes (every operand and result once: a GPU's memory traffic, which
 the batch and the sequence length do scale). The count
@@ -56,7 +56,8 @@ def engine_step_calls(preset: str = "tiny", batch: int = 2, seq: int = 16, dtype
     (the loop's train_step, after a first step), counted on the CuPy stand-in (see the module doc).
     `vocab_size`: a BPE of that size on the shipped stories (for the bytes; the count does not
     depend on it); default: a 300-token vocabulary of a tiny corpus (fast)."""
-    from xtrain_lessons.runtime import cupy_standin, device  # noqa: PLC0415
+    from xtrain_lessons import cupy_standin  # noqa: PLC0415
+    from xtrain_lessons.runtime import device  # noqa: PLC0415
     from xtrain_lessons.training import loop  # noqa: PLC0415
     from xtrain_lessons.training.data import default_corpus_path  # noqa: PLC0415
 

@@ -24,9 +24,9 @@ algorithm is `xtrain_lessons/runtime/kernels/flash_attention.cu`.
 On a GPU (CuPy arrays) the same node runs as CUDA C kernels instead of array code:
 bfloat16 q, k, v (head dim <= 128) on the tensor cores (`runtime/kernels/flash_attention_tc.cu`:
 mma.sync, float32 softmax statistics), float32 on the CUDA cores
-(`runtime/kernels/flash_attention.cu`). `gpu_attention` is the attention of the GPU's bf16
-forward (model/precision.py): the tensor-core kernels where they apply, composed attention
-otherwise (issue 39: flash-attention as the GPU's attention).
+(`runtime/kernels/flash_attention.cu`), chosen beneath `opset.flash_kernels`. `gpu_attention` is
+the attention of the bf16 forward (model/precision.py): the tensor-core kernels where they apply,
+composed attention otherwise (issue 39: flash-attention as the GPU's attention).
 """
 
 from __future__ import annotations
@@ -37,12 +37,11 @@ import numpy as np
 
 from xtrain_lessons.autograd.tensor import Tensor, make_node
 from xtrain_lessons.model.layers import causal_attention
-from xtrain_lessons.runtime.device import array_module, on_gpu
-from xtrain_lessons.runtime.kernels import flash_attention as cuda_core
-from xtrain_lessons.runtime.kernels import flash_attention_tc as tensor_core
+from xtrain_lessons.runtime import opset
+from xtrain_lessons.runtime.device import array_module
 
 __all__ = ["flash_attention", "flash_attention_fwd", "flash_attention_bwd", "gpu_attention",
-           "tensor_core_attention", "uses_tensor_cores", "attention_reference", "saved_bytes",
+           "kernel_attention", "attention_reference", "saved_bytes",
            "attention_memory", "DEFAULT_BLOCK"]
 
 DEFAULT_BLOCK = 64
@@ -184,10 +183,9 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True,
     k, v (B, Tk, Hkv, D) -> (B, Tq, H, D). On a GPU it runs as CUDA kernels (module doc;
     block_q / block_k then do not apply).
     """
-    if on_gpu(q.data) and uses_tensor_cores(q.data, k.data, v.data):
-        return tensor_core_attention(q, k, v, causal)
-    if on_gpu(q.data) and q.dtype == np.float32 and q.shape[-1] <= cuda_core.MAX_D:
-        return _cuda_core_attention(q, k, v, causal)
+    kernels = opset.flash_kernels(q.data, k.data, v.data)  # a GPU's CUDA kernels, or None
+    if kernels is not None:
+        return kernel_attention(q, k, v, kernels, causal)
     out, lse = flash_attention_fwd(q.data, k.data, v.data, causal, block_q, block_k)
 
     def backward(g):
@@ -196,41 +194,24 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True,
     return make_node(out, (q, k, v), backward, "flash_attention")
 
 
-def uses_tensor_cores(q, k, v) -> bool:
-    """True when the tensor-core kernels take these arrays: bf16 CuPy arrays, head dim <= 128."""
-    return (on_gpu(q) and all(a.dtype == tensor_core.BF16 for a in (q, k, v))
-            and q.shape[-1] <= tensor_core.MAX_D)
-
-
-def tensor_core_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True) -> Tensor:
-    """Flash-attention as one node on bf16 arrays, by the tensor-core kernels (forward: o, lse;
-    backward: dq, dk, dv recomputed from them). Keeps o and lse (B * H * Tq floats) for backward."""
-    out, lse = tensor_core.flash_attention_tc_fwd(q.data, k.data, v.data, causal=causal)
+def kernel_attention(q: Tensor, k: Tensor, v: Tensor, kernels, causal: bool = True) -> Tensor:
+    """Flash-attention as one node by compiled kernels (`opset.flash_kernels`: name, forward ->
+    (o, lse), backward -> dq, dk, dv recomputed from them). Keeps o and lse for backward."""
+    name, fwd, bwd = kernels
+    out, lse = fwd(q.data, k.data, v.data, causal)
 
     def backward(g):
-        g = g if g.dtype == tensor_core.BF16 else g.astype(tensor_core.BF16)
-        return tensor_core.flash_attention_tc_bwd(q.data, k.data, v.data, out, lse, g, causal=causal)
+        return bwd(q.data, k.data, v.data, out, lse, g, causal)
 
-    return make_node(out, (q, k, v), backward, "flash_attention_tc")
-
-
-def _cuda_core_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
-    """The float32 node on the CUDA cores (kernels/flash_attention.cu, one thread per row)."""
-    out, lse = cuda_core.flash_attention_fwd_cuda(q.data, k.data, v.data, causal)
-
-    def backward(g):
-        return cuda_core.flash_attention_bwd_cuda(q.data, k.data, v.data, out, lse, g, causal)
-
-    return make_node(out, (q, k, v), backward, "flash_attention")
+    return make_node(out, (q, k, v), backward, name)
 
 
 def gpu_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """The causal attention of the GPU's bf16 forward: the tensor-core flash kernels for bf16
-    CuPy arrays (O(T) memory, masked tiles skipped), `layers.causal_attention` for anything
-    else (float16, head dims above 128, NumPy arrays)."""
-    if uses_tensor_cores(q.data, k.data, v.data):
-        return tensor_core_attention(q, k, v)
-    return causal_attention(q, k, v)
+    """The causal attention of the bf16 forward (model/precision.py): the flash kernels where they
+    take the arrays (bf16 on a GPU: the tensor cores; O(T) memory, masked tiles skipped),
+    `layers.causal_attention` for anything else (float16, head dims above 128, NumPy arrays)."""
+    kernels = opset.flash_kernels(q.data, k.data, v.data)
+    return causal_attention(q, k, v) if kernels is None else kernel_attention(q, k, v, kernels)
 
 
 def attention_reference(q, k, v, causal: bool = True):

@@ -22,11 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from xtrain_lessons.autograd.tensor import no_grad
-
-
-def _host(a) -> np.ndarray:
-    """A NumPy view/copy of an array that may live on the GPU."""
-    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+from xtrain_lessons.runtime.device import to_host
 
 __all__ = ["generate", "sample_next", "softmax", "top_k_filter", "top_p_filter"]
 
@@ -108,7 +104,7 @@ def generate(model, prompt_ids, max_new_tokens: int = 100, temperature: float = 
         window = np.asarray([tokens[-L:]], dtype=np.int64)  # (1, T)
         if use_cache:
             cache = model.new_cache(batch=1)
-            return _host(model.forward_cached(window, cache, 0)[0, -1])
+            return to_host(model.forward_cached(window, cache, 0)[0, -1])
         with no_grad():
             return model(window).numpy()[0, -1]
 
@@ -125,7 +121,7 @@ def generate(model, prompt_ids, max_new_tokens: int = 100, temperature: float = 
             break
         if use_cache and cache.pos < L:  # one new position: only the new token is run
             step = np.asarray([[tok]], dtype=np.int64)  # (1, 1)
-            logits = _host(model.forward_cached(step, cache, cache.pos)[0, -1])
+            logits = to_host(model.forward_cached(step, cache, cache.pos)[0, -1])
         else:  # no cache, or the window is full and slides: recompute it
             logits = window_logits()
     return new

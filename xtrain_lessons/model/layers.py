@@ -1,22 +1,21 @@
-"""Fused layer ops of the transformer (phase T05): each is ONE graph node with a
-hand-written backward, made with `tensor.make_node`.
+"""The layers of the transformer (phase T05), each ONE graph node: the forward as the math says
+it, and a hand-written backward (made with `tensor.make_node`).
 
-Composing attention from small ops (transpose, matmul, mask, softmax, matmul) works, but
-every small op is a Python-level node and a temporary array; on 2 CPU cores the fused
-versions below are what makes a few-million-parameter model train in minutes.
+    linear(x, w)                  y = x @ w.T, w in the (out, in) layout of torch / Hugging Face
+    linear_cross_entropy(x, w, t) cross_entropy(linear(x, w), t) with the (N, V) logits kept once
+    rope(x, cos, sin)             rotary position embedding, rotate-half convention
+    causal_attention(q, k, v)     softmax(q k^T / sqrt(D) + causal mask) v, grouped-query
+    square_attention(q, k, v)     the same over the whole (T, T) square (T05's, T14's baseline)
+    swiglu(gate, up)              silu(gate) * up
+    rope_tables(T, D, theta)      the cos / sin tables RoPE reads
+    attention_fwd(q, k, v)        composed attention on arrays: (out, P)
 
-    linear(x, w)                 x @ w.T, w in the (out, in) layout of torch / Hugging Face
-    linear_cross_entropy(x, w, t) cross_entropy(linear(x, w), t), fused on row chunks
-    rope(x, cos, sin)            rotary position embedding, rotate-half convention
-    causal_attention(q, k, v)    softmax(q k^T / sqrt(D) + causal mask) v, grouped-query, by
-                                 blocks of queries (model/causal_blocks.py; C++ on float32)
-    square_attention(q, k, v)    the same over the whole (T, T) square, in NumPy (T05's, T14's baseline)
-    swiglu(gate, up)             silu(gate) * up
-    rope_tables(T, D, theta)     the cos / sin tables RoPE reads
+Composing attention from small ops (transpose, matmul, mask, softmax, matmul) works, but every
+small op is a Python-level node and a temporary array; one node per layer, its arrays computed
+by the op set (runtime/opset: a CUDA kernel on a GPU, C++ rows and BLAS on the CPU, NumPy where
+no kernel applies), is what makes a few-million-parameter model train in minutes on 2 cores.
 
 Shapes: B batch, T time (positions), H query heads, Hkv key/value heads, D head_dim.
-Every function works on NumPy or CuPy data (the array module is taken from the input).
-The pure-array forward functions (`*_fwd`) are shared with the no-grad decoding path.
 """
 
 from __future__ import annotations
@@ -25,15 +24,11 @@ import math
 
 import numpy as np
 
-from xtrain_lessons.autograd import ops
 from xtrain_lessons.autograd.tensor import Tensor, make_node
-from xtrain_lessons.model import causal_blocks
-from xtrain_lessons.runtime import blas, cpu_threads
+from xtrain_lessons.model.inputs import host_targets
+from xtrain_lessons.runtime import opset
 from xtrain_lessons.runtime.allocator import empty  # np.empty, or the engine allocator's (T11)
-from xtrain_lessons.runtime.cpu_threads import map_rows
-from xtrain_lessons.runtime import fused
-from xtrain_lessons.runtime.device import HostChecked, array_module, on_gpu
-from xtrain_lessons.runtime.gpu_blas import array_matmul
+from xtrain_lessons.runtime.device import array_module
 
 __all__ = ["linear", "linear_cross_entropy", "rope", "causal_attention", "square_attention", "swiglu",
            "rope_tables", "rotate_half", "attention_fwd"]
@@ -43,17 +38,6 @@ __all__ = ["linear", "linear_cross_entropy", "rope", "causal_attention", "square
 # linear: y = x @ w.T
 
 
-def _weight_t(w):
-    """w.T (in, out) as the forward's right-hand matrix. MKL reads the transposed view as fast
-    as a copy (175-194 GFLOP/s either way on the tiny model's products, one thread), so it gets
-    the view; OpenBLAS multiplied by a C-contiguous copy faster (157-167 against 131-142), and
-    the copy costs less than that (0.01-0.5 ms a weight). cuBLAS reads the view as it is (a
-    transpose flag): a GPU gets the view, no copy."""
-    if on_gpu(w) or (isinstance(w, np.ndarray) and blas.mkl_loaded()):
-        return w.T
-    return np.ascontiguousarray(w.T)
-
-
 def linear(x: Tensor, w: Tensor) -> Tensor:
     """y = x @ w.T for x (..., in) and w (out, in) -> (..., out). No bias (Qwen3 has none)."""
     n_in = x.shape[-1]
@@ -61,137 +45,37 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
         raise ValueError(f"linear: input has {n_in} features but weight is {w.shape} (out, in)")
     lead = x.shape[:-1]
     x2 = x.data.reshape(-1, n_in)  # (N, in)
-    # split by rows over the engine's threads (plain `@` on a GPU)
-    y = cpu_threads.matmul(x2, _weight_t(w.data)).reshape(*lead, w.shape[0])  # (..., out)
+    y = opset.matmul(x2, w.data.T).reshape(*lead, w.shape[0])  # (..., out)
 
     def backward(g):
         g2 = g.reshape(-1, w.shape[0])  # (N, out)
         if x.requires_grad and w.requires_grad:  # both in one hand-over to the threads
-            gx, gw = cpu_threads.matmuls((g2, w.data), (g2.T, x2))
+            gx, gw = opset.matmuls((g2, w.data), (g2.T, x2))
             return gx.reshape(x.shape), gw
-        gx = cpu_threads.matmul(g2, w.data).reshape(x.shape) if x.requires_grad else None  # (..., in)
-        gw = cpu_threads.matmul(g2.T, x2) if w.requires_grad else None  # (out, in)
+        gx = opset.matmul(g2, w.data).reshape(x.shape) if x.requires_grad else None  # (..., in)
+        gw = opset.matmul(g2.T, x2) if w.requires_grad else None  # (out, in)
         return gx, gw
 
     return make_node(y, (x, w), backward, "linear")
 
 
 def linear_cross_entropy(x: Tensor, w: Tensor, targets, ignore_index: int = -100) -> Tensor:
-    """cross_entropy(linear(x, w), targets) as one node: the lm_head and the loss fused on
-    the matmul's row chunks, the same bits as the two ops.
-
-    Each chunk of rows (`cpu_threads.matmul_chunks`, the chunks `linear` cuts the product
-    into) computes its logits and at once, while they are in cache, exp(logits - max) in
-    their place: ONE (N, V) buffer instead of three (logits, exp, gradient); the backward
-    turns it into d loss / d logits in place, makes dx and dW from it as `linear` does, and
-    lets it go (the unfused pair keeps logits and exp until the graph dies). So the backward
-    can run once (a second call raises).
+    """cross_entropy(linear(x, w), targets) as one node: the lm_head and the loss fused (llm.c's
+    fused classifier), the (N, V) logits never kept twice. One (N, V) buffer holds the logits, then
+    exp(logits - max) in their place; the backward turns it into d loss / d logits in place, makes
+    dx and dW from it as `linear` does, and lets it go. So the backward can run once (a second
+    call raises).
     """
     n_in, V = x.shape[-1], w.shape[0]
     if w.shape[1] != n_in:
         raise ValueError(f"linear_cross_entropy: input has {n_in} features but weight is {w.shape} (out, in)")
-    if fused.on_device(x.data, w.data):
-        return _linear_cross_entropy_gpu(x, w, targets, ignore_index)
-    xp = array_module(x.data)
+    t, n_valid = host_targets(targets, x.shape[:-1], V, ignore_index)
     x2 = x.data.reshape(-1, n_in)  # (N, in)
-    N = x2.shape[0]
-    t_safe, valid, n_valid = ops.cross_entropy_targets(targets, x.shape[:-1], V, ignore_index, xp)
-    buf = empty((N, V), xp.result_type(x2, w.data), x2)  # logits, then exp, then the gradient
-    s, lse, hit = (xp.empty((N, 1), dtype=buf.dtype) for _ in range(3))
-    rows = xp.arange(N)
-    use_kernels = fused.usable(buf, s, lse)
-
-    wt = _weight_t(w.data)  # (in, V)
-
-    def forward_chunk(lo, hi):
-        blas.gemm(x2[lo:hi], wt, buf[lo:hi])  # MKL's sgemm or np.matmul (runtime/blas.py)
-        hit[lo:hi, 0] = buf[rows[lo:hi], t_safe[lo:hi]]  # the target's logit
-        for a, b in cpu_threads.grid(lo, hi, V * buf.itemsize):  # cache-sized blocks of rows
-            ops.softmax_rows(buf[a:b], buf[a:b], s[a:b], lse[a:b])
-
-    if use_kernels:  # C++: the chunks' products on the pool, then one pass per row over all of them
-        cpu_threads.matmul(x2, wt, out=buf)
-        hit[:, 0] = buf[rows, t_safe]  # the target's logit
-        ops.softmax_rows(buf, buf, s, lse)
-    else:
-        cpu_threads.map_chunks(forward_chunk, cpu_threads.matmul_chunks(N, n_in, V), like=x2)
-    loss = ops.mean_valid_loss(lse[:, 0] - hit[:, 0], valid, n_valid)
-    held = {"buf": buf}  # the backward takes it: freed when the backward returns
-    del buf
+    loss, saved = opset.linear_cross_entropy_fwd(x2, w.data, t, n_valid, ignore_index)
 
     def backward(g):
-        if "buf" not in held:
-            raise RuntimeError("linear_cross_entropy: backward ran twice (its buffer is reused in place)")
-        b = held.pop("buf")
-        f, scale = ops.softmax_grad_factors(g, s, valid, n_valid)
-        if fused.usable(b, f):
-            fused.scale_rows(b, f)
-        else:
-            map_rows(lambda lo, hi: xp.multiply(b[lo:hi], f[lo:hi], out=b[lo:hi]), N, V * b.itemsize, like=b)
-        b[rows, t_safe] -= scale
-        gx = gw = None
-        if x.requires_grad and w.requires_grad:
-            gx, gw = cpu_threads.matmuls((b, w.data), (b.T, x2))
-        elif x.requires_grad:
-            gx = cpu_threads.matmul(b, w.data)
-        elif w.requires_grad:
-            gw = cpu_threads.matmul(b.T, x2)
+        gx, gw = opset.linear_cross_entropy_bwd(g, saved, x2, w.data, x.requires_grad, w.requires_grad)
         return (gx.reshape(x.shape) if gx is not None else None), gw
-
-    return make_node(loss, (x, w), backward, "linear_cross_entropy")
-
-
-def host_targets(targets, lead_shape, V: int, ignore_index: int):
-    """(targets as int64 (N,) on the host, number of valid ones), checked on the host: free when
-    they come from the host, as a training batch does (device targets cost one synchronisation);
-    HostChecked targets were checked before their copy and stay on the device."""
-    if isinstance(targets, HostChecked):  # on the device, checked before the copy
-        if tuple(targets.data.shape) != tuple(lead_shape) or targets.data.dtype != np.int64:
-            raise ValueError(f"cross_entropy: checked targets must be int64 of shape {tuple(lead_shape)}, got "
-                             f"{targets.data.dtype} {tuple(targets.data.shape)}")
-        return targets.data.reshape(-1), targets.n_valid
-    t = targets.data if isinstance(targets, Tensor) else targets
-    t = t.get() if on_gpu(t) else np.asarray(t)
-    if t.shape != tuple(lead_shape):
-        raise ValueError(f"cross_entropy: logits shape {(*lead_shape, V)} and targets shape {t.shape} do not "
-                         f"match (expected targets {tuple(lead_shape)})")
-    if t.dtype.kind not in "iu":
-        raise TypeError(f"cross_entropy: targets must be integers, got {t.dtype}")
-    t = t.reshape(-1).astype(np.int64, copy=False)
-    valid = t != ignore_index
-    if valid.any() and (t[valid].min() < 0 or t[valid].max() >= V):
-        raise ValueError(f"cross_entropy: targets must lie in [0, {V}) or equal ignore_index={ignore_index}")
-    return t, int(valid.sum())
-
-
-def _linear_cross_entropy_gpu(x: Tensor, w: Tensor, targets, ignore_index: int) -> Tensor:
-    """linear_cross_entropy on a GPU, llm.c's fused classifier: the logits by cuBLAS into one (N, V)
-    buffer, then one kernel per row turns them into exp(logits - max) in place with the row's loss,
-    and in the backward one more turns that into d loss / d logits in place, reading the upstream
-    gradient on the device (no host synchronisation). Then dx and dW by cuBLAS."""
-    xp = array_module(x.data)
-    n_in, V = x.shape[-1], w.shape[0]
-    x2 = x.data.reshape(-1, n_in)
-    N = x2.shape[0]
-    t_host, n_valid = host_targets(targets, x.shape[:-1], V, ignore_index)
-    t = xp.asarray(t_host)  # one copy to the device
-    inv_count = np.float32(1.0 / n_valid) if n_valid else np.float32(np.nan)  # no valid target: nan, as torch
-    buf = array_matmul(x2, w.data.T)  # (N, V) logits, then exp, then the gradient
-    s, lse, losses = (xp.empty(N, dtype=np.float32) for _ in range(3))
-    fused.cross_entropy_fwd(buf, t, s, lse, losses, ignore_index)
-    loss = xp.empty((), dtype=np.float32)
-    fused.mean_loss(losses, inv_count, loss)
-    held = {"buf": buf}
-    del buf
-
-    def backward(g):
-        if "buf" not in held:
-            raise RuntimeError("linear_cross_entropy: backward ran twice (its buffer is reused in place)")
-        b = held.pop("buf")
-        fused.cross_entropy_bwd(b, s, t, g.astype(np.float32, copy=False), inv_count, ignore_index)
-        gx = array_matmul(b, w.data).reshape(x.shape) if x.requires_grad else None
-        gw = array_matmul(b.T, x2) if w.requires_grad else None
-        return gx, gw
 
     return make_node(loss, (x, w), backward, "linear_cross_entropy")
 
@@ -222,44 +106,6 @@ def rotate_half(x):
     return xp.concatenate([-x[..., h:], x[..., :h]], axis=-1)
 
 
-def _rotate_half_T(y):
-    """The transpose of rotate_half: [y1, y2] -> [y2, -y1]."""
-    xp = array_module(y)
-    h = y.shape[-1] // 2
-    return xp.concatenate([y[..., h:], -y[..., :h]], axis=-1)
-
-
-def _rotate(x, cos_t, sin_t):
-    """x * cos + swap_halves(x) * sin for x (B, T, H, D) and tables (T, H*D) (one row per
-    position, repeated for every head). With sin_t = [-s, s] per head this is
-    x * cos + rotate_half(x) * sin. Every pass runs over whole contiguous (T, H*D) rows:
-    slicing the halves instead (x[..., :D/2]) makes NumPy loop over D/2 = 24 numbers at a
-    time, about 3x slower."""
-    xp = array_module(x)
-    B, T, H, D = x.shape
-    h = D // 2
-    x3 = x.reshape(B, T, H * D)
-    out = empty(x3.shape, xp.result_type(x, cos_t), x)
-
-    def rows(lo, hi):  # sequences lo..hi-1 (cpu_threads.map_rows: spread over the threads)
-        n = hi - lo
-        swapped = xp.ascontiguousarray(x[lo:hi].reshape(n, T, H, 2, h)[..., ::-1, :]).reshape(n, T, H * D)
-        swapped *= sin_t
-        o = out[lo:hi]
-        xp.multiply(x3[lo:hi], cos_t, out=o)
-        o += swapped
-
-    map_rows(rows, B, T * H * D * out.itemsize, like=x)
-    return out.reshape(B, T, H, D)
-
-
-def _rope_rows(cos, sin, H):
-    """The tables as (T, H*D) rows for _rotate: cos per head, and sin as [-s, s] per head."""
-    xp = array_module(cos)
-    h = cos.shape[1] // 2
-    return xp.tile(cos, (1, H)), xp.tile(xp.concatenate([-sin[:, :h], sin[:, h:]], axis=1), (1, H))
-
-
 def rope(x: Tensor, cos, sin) -> Tensor:
     """Rotate each head vector of x (B, T, H, D) by its position's angles.
 
@@ -270,17 +116,7 @@ def rope(x: Tensor, cos, sin) -> Tensor:
     B, T, H, D = x.shape
     if cos.shape != (T, D):
         raise ValueError(f"rope: tables have shape {cos.shape}, expected {(T, D)}")
-    use_kernels = fused.usable(x.data, cos, sin)  # one pass per head vector (C++, or one GPU launch)
-
-    def rotate(a, sign):  # sign -1: the inverse rotation [a1 c + a2 s, a2 c - a1 s]
-        if not (use_kernels and fused.usable(a)):
-            cos_t, sin_t = _rope_rows(cos, sin, H)
-            return _rotate(a, cos_t, sign * sin_t)
-        out = empty(a.shape, a.dtype, a)
-        fused.rope(a, cos, sin, out, sign)
-        return out
-
-    return make_node(rotate(x.data, 1.0), (x,), lambda g: (rotate(g, -1.0),), "rope")
+    return make_node(opset.rope(x.data, cos, sin), (x,), lambda g: (opset.rope(g, cos, sin, -1.0),), "rope")
 
 
 # ----------------------------------------------------------------------------------------
@@ -300,12 +136,6 @@ def _from_heads(y, B, T, H, D):
     return xp.ascontiguousarray(y.reshape(B, H, T, D).transpose(0, 2, 1, 3))
 
 
-def _from_heads_into(out, y):
-    """Write y (b, Hkv, G*T, D) into out (b, T, H, D): the inverse of _to_heads."""
-    b, T, H, D = out.shape
-    out[...] = y.reshape(b, H, T, D).transpose(0, 2, 1, 3)
-
-
 def _check_shapes(q, k, v):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
@@ -317,43 +147,18 @@ def _check_shapes(q, k, v):
 
 
 def attention_fwd(q, k, v):
-    """Arrays in, arrays out: (out (B, Tq, H, D), probs (B, Hkv, G*Tq, Tk)).
+    """Arrays in, arrays out: (out (B, Tq, H, D), probs (B, Hkv, G*Tq, Tk)), the whole square.
 
     q (B, Tq, H, D); k, v (B, Tk, Hkv, D) with Tk >= Tq: the queries are the LAST Tq
     positions, so query i (absolute position Tk - Tq + i) sees keys 0 .. Tk - Tq + i.
     """
-    xp = array_module(q)
     _check_shapes(q, k, v)
     B, Tq, H, D = q.shape
-    Tk, Hkv = k.shape[1], k.shape[2]
-    G = H // Hkv
-    scale = q.dtype.type(1.0 / math.sqrt(D))
-    qh = _to_heads(q, Hkv)  # (B, Hkv, G*Tq, D), a view
-    vh = v.transpose(0, 2, 1, 3)  # (B, Hkv, Tk, D), a view
-    future = xp.arange(Tk)[None, :] > (Tk - Tq + xp.arange(Tq))[:, None]  # (Tq, Tk)
-    bias = xp.where(future, -xp.inf, 0.0).astype(q.dtype)  # causal mask, added to scores
-    p = empty((B, Hkv, G * Tq, Tk), q.dtype, q)
-    out = empty((B, Tq, H, D), q.dtype, q)
-
-    use_kernels = fused.usable(p)
-
-    def batch_rows(lo, hi):  # sequences lo..hi-1: scores, softmax, weighted sum
-        s = p[lo:hi]
-        array_matmul(qh[lo:hi], causal_blocks.keys_t(k[lo:hi]), out=s)  # (b, Hkv, G*Tq, Tk)
-        if use_kernels:  # scale, mask, max, exp, normalise: one pass per row (C++, or one GPU launch)
-            fused.causal_softmax_fwd(s, Tq, scale)
-        else:
-            s *= scale
-            s.reshape(hi - lo, Hkv, G, Tq, Tk)[...] += bias  # view: mask per (query, key)
-            s -= s.max(axis=-1, keepdims=True)  # max subtraction: exp never overflows
-            xp.exp(s, out=s)
-            s /= s.sum(axis=-1, keepdims=True)
-        _from_heads_into(out[lo:hi], array_matmul(s, vh[lo:hi]))
-
-    # the layout copies (keys transposed, heads back to (B, T, H, D)) happen inside the
-    # per-sequence blocks too: on every thread, while the block is in cache
-    map_rows(batch_rows, B, p[0].nbytes, like=q, blas=True)
-    return out, p  # (B, Tq, H, D)
+    Hkv = k.shape[2]
+    s = opset.matmul(_to_heads(q, Hkv), k.transpose(0, 2, 3, 1))  # scores q k^T (B, Hkv, G*Tq, Tk)
+    opset.causal_softmax_fwd(s, Tq, q.dtype.type(1.0 / math.sqrt(D)))  # scale, mask the future, softmax
+    out = opset.matmul(s, v.transpose(0, 2, 1, 3))  # P V (B, Hkv, G*Tq, D)
+    return _from_heads(out, B, Tq, H, D), s
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -365,7 +170,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dP * P)),
         dQ = dS K / sqrt(D),  dK = dS^T Q / sqrt(D)
     The P^T dO and dS^T Q products sum over a group's query heads by themselves. The work runs
-    on blocks of queries, each multiplied by the keys it sees only (model/causal_blocks.py).
+    on blocks of queries, each multiplied by the keys it sees only (runtime/opset/attention.py).
     """
     return _attention_node(q, k, v, None, False, "causal_attention")
 
@@ -377,14 +182,14 @@ def square_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return _attention_node(q, k, v, q.shape[1], True, "square_attention")
 
 
-def _attention_node(q, k, v, block, numpy_path, op):
+def _attention_node(q, k, v, block, reference, op):
     _check_shapes(q, k, v)
     if q.shape[1] == 0:
         raise ValueError(f"{op}: no queries in q {q.shape}")
-    out, blocks, probs = causal_blocks.causal_forward(q.data, k.data, v.data, block, numpy_path)
+    out, (blocks, probs) = opset.causal_attention_fwd(q.data, k.data, v.data, block, reference)
 
-    def backward(g):
-        return causal_blocks.causal_backward(q.data, k.data, v.data, g, blocks, probs, numpy_path)
+    def backward(g):  # P of each block of queries is what the backward keeps
+        return opset.causal_attention_bwd(q.data, k.data, v.data, g, (blocks, probs), reference)
 
     return make_node(out, (q, k, v), backward, op)
 
@@ -393,22 +198,13 @@ def _attention_node(q, k, v, block, numpy_path, op):
 # SwiGLU
 
 
-def _sigmoid(x):
-    xp = array_module(x)
-    half = x.dtype.type(0.5)
-    s = xp.tanh(x * half)  # 0.5 * (tanh(x/2) + 1): no overflow for large |x|
-    s += x.dtype.type(1.0)
-    s *= half
-    return s
-
-
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     """silu(gate) * up, silu(a) = a * sigmoid(a); the gating of the Qwen3 MLP.
 
     d/dgate = g * up * sig * (1 + gate * (1 - sig)),  d/dup = g * silu(gate).
     Nothing but the inputs is kept for backward: sigmoid is recomputed there (cheaper than
     writing two more activation-sized arrays to memory and reading them back, as torch's
-    silu_backward does). Both directions run on cache-sized row blocks (cpu_threads.map_rows).
+    silu_backward does).
     """
     if gate.shape != up.shape:
         raise ValueError(f"swiglu: gate {gate.shape} and up {up.shape} differ")
@@ -416,45 +212,11 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     F = gate.shape[-1] if gate.ndim else 1
     a2, u2 = gate.data.reshape(-1, F), up.data.reshape(-1, F)
     out = empty(a2.shape, xp.result_type(a2, u2), a2)
-    use_kernels = fused.usable(a2, u2)  # one pass (C++, or one GPU launch) instead of NumPy's five
-
-    def forward_rows(lo, hi):
-        a = a2[lo:hi]
-        silu = _sigmoid(a)
-        silu *= a
-        xp.multiply(silu, u2[lo:hi], out=out[lo:hi])
-
-    if use_kernels:
-        fused.swiglu_fwd(a2, u2, out)
-    else:
-        map_rows(forward_rows, a2.shape[0], F * out.itemsize, like=out)
+    opset.swiglu_fwd(a2, u2, out)
 
     def backward(g):
-        g2 = g.reshape(-1, F)
         dgate, dup = empty(out.shape, out.dtype, out), empty(out.shape, out.dtype, out)
-
-        fused_back = use_kernels and fused.usable(g2)
-
-        def backward_rows(lo, hi):
-            a, gb = a2[lo:hi], g2[lo:hi]
-            sig = _sigmoid(a)
-            one = sig.dtype.type(1.0)
-            dub = dup[lo:hi]
-            xp.multiply(a, sig, out=dub)  # silu
-            dub *= gb
-            d = dgate[lo:hi]
-            xp.subtract(one, sig, out=d)
-            d *= a
-            d += one
-            d *= sig
-            d *= u2[lo:hi]
-            d *= gb
-            return None
-
-        if fused_back:
-            fused.swiglu_bwd(a2, u2, g2, dgate, dup)
-        else:
-            map_rows(backward_rows, a2.shape[0], F * out.itemsize, like=out)
+        opset.swiglu_bwd(a2, u2, g.reshape(-1, F), dgate, dup)
         return dgate.reshape(gate.shape), dup.reshape(up.shape)
 
     return make_node(out.reshape(gate.shape), (gate, up), backward, "swiglu")

@@ -37,7 +37,8 @@ from xtrain_lessons.model.flash_attention import flash_attention
 from xtrain_lessons.model.layers import causal_attention, linear, linear_cross_entropy, rope, rope_tables, swiglu
 from xtrain_lessons.model.precision import forward_lowp, loss_lowp
 from xtrain_lessons.model.recompute import checkpoint
-from xtrain_lessons.runtime.device import HostChecked, array_module, move_to
+from xtrain_lessons.model.inputs import HostChecked, check_ids
+from xtrain_lessons.runtime.device import array_module, move_to, to_device_of
 
 __all__ = ["Config", "PRESETS", "Model", "KVCache", "ffn_dim_for"]
 
@@ -217,7 +218,7 @@ class Model:
         self.dropout_seed = seed
         self.dropout_step = 0  # training-mode forwards with dropout so far
         # a step captured as a CUDA graph: offsets from this uint64 device array [seed, base offset]
-        # (model/dropout.DeviceKey), which the host rewrites before each replay (training/cuda_graph.py)
+        # (opset.DeviceKey), which the host rewrites before each replay (training/loop/cuda_graph.py)
         self.dropout_key = None
         # T12: "bf16"/"fp16" run __call__/loss with low-precision compute on float32 masters
         # (xtrain_lessons.model.precision); decoding with a KV cache stays float32
@@ -341,17 +342,9 @@ class Model:
         P = self.params if params is None else params
         L = self._layers() if layers is None else layers
         checked = isinstance(ids, HostChecked)  # on the device, checked before the copy
-        ids_in = ids.data if isinstance(ids, (Tensor, HostChecked)) else ids
-        xp = array_module(P["lm_head.weight"].data)
-        ids = xp.asarray(ids_in)
-        if ids.ndim != 2:
-            raise ValueError(f"Model: ids must be (B, T), got shape {ids.shape}")
-        if ids.dtype.kind not in "iu":
-            raise TypeError(f"Model: ids must be integers, got {ids.dtype}")
-        host_ids = ids_in if isinstance(ids_in, np.ndarray) else ids  # checked there: no GPU sync
-        if ids.size and not checked and (int(host_ids.min()) < 0 or int(host_ids.max()) >= c.vocab_size):
-            raise ValueError(f"Model: token ids must lie in [0, {c.vocab_size}), got "
-                             f"[{int(host_ids.min())}, {int(host_ids.max())}] (is vocab_size set from the tokenizer?)")
+        ids = ids.data if isinstance(ids, (Tensor, HostChecked)) else ids
+        if not checked:
+            ids = check_ids(ids, c.vocab_size)  # on the host: free for a host batch
         B, T = ids.shape
         end = start_pos + T
         limit = cache.max_len if cache is not None else c.max_seq_len
@@ -359,12 +352,11 @@ class Model:
             raise ValueError(f"Model: positions up to {end} exceed max_seq_len={c.max_seq_len} "
                              f"(crop the context to the last max_seq_len tokens)")
         H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
-        if array_module(self.rope_cos) is not xp:  # the tables follow the weights' device (once)
-            where = "cpu" if xp is np else "cuda"
-            self.rope_cos, self.rope_sin = move_to(self.rope_cos, where), move_to(self.rope_sin, where)
+        weights = P["lm_head.weight"].data  # the tables follow the weights' device (moved once)
+        self.rope_cos, self.rope_sin = to_device_of(self.rope_cos, weights), to_device_of(self.rope_sin, weights)
         cos, sin = self.rope_cos[start_pos:end], self.rope_sin[start_pos:end]  # (T, D)
 
-        x = ops.embedding(P["model.embed_tokens.weight"], HostChecked(ids) if checked else host_ids)  # (B, T, dim)
+        x = ops.embedding(P["model.embed_tokens.weight"], ids, checked=True)  # (B, T, dim)
         # T18: dropout on what each sublayer adds to the residual stream, in training mode.
         # Site s (2i: attention, 2i+1: MLP of block i) of training forward number `step` draws
         # from Philox stream offset = step * 2 * n_layers + s: fresh per site and step, and

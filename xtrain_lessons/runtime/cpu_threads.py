@@ -57,7 +57,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from xtrain_lessons.runtime import blas, gpu_blas
+from xtrain_lessons.runtime import blas
 from xtrain_lessons.runtime.allocator import empty
 
 __all__ = ["BLOCK_BYTES", "map_rows", "map_items", "matmul", "matmuls", "matmul_chunks", "map_chunks", "sum_blocks",
@@ -278,8 +278,6 @@ def matmul(a, b, out=None):
     """a @ b for 2-D arrays, cut into the fixed row chunks of `matmul_chunks` and spread over
     the engine's threads (OpenBLAS single-threaded inside). `a` may be a transposed view
     (`g.T @ x`). The same bits for any thread count."""
-    if not isinstance(a, np.ndarray):
-        return gpu_blas.matmul(a, b, out)
     if a.ndim != 2 or b.ndim != 2:
         return a @ b if out is None else np.matmul(a, b, out=out)
     return matmuls((a, b), outs=[out])[0]
@@ -295,8 +293,6 @@ def matmuls(*pairs, outs=None):
     count instead would not do: OpenBLAS picks its kernel by the size of the product, and
     on some CPUs another kernel sums in another order — measured in tests/test_cpu_threads.py.)"""
     outs = list(outs) if outs is not None else [None] * len(pairs)
-    if not all(isinstance(a, np.ndarray) for a, _ in pairs):
-        return [gpu_blas.matmul(a, b, o) for (a, b), o in zip(pairs, outs)]
     if not all(a.ndim == 2 and b.ndim == 2 for a, b in pairs):
         return [a @ b if o is None else np.matmul(a, b, out=o) for (a, b), o in zip(pairs, outs)]
     outs = [empty((a.shape[0], b.shape[1]), np.result_type(a, b)) if o is None else o  # T11

@@ -39,19 +39,6 @@ _override: str | None = None
 _gpu_ok: bool | None = None
 
 
-class HostChecked:
-    """Token ids or targets already on the device, checked on the host before they were copied
-    there (ids in [0, vocab), targets too or ignore_index; `n_valid` of the targets count): the
-    model and the loss take them as they are. Checking them where they are would cost a host
-    synchronisation, which a training step captured in a CUDA graph cannot make
-    (training/cuda_graph.py)."""
-
-    __slots__ = ("data", "n_valid")
-
-    def __init__(self, data, n_valid: int | None = None):
-        self.data, self.n_valid = data, n_valid
-
-
 def import_cupy() -> ModuleType:
     """The cupy module (ImportError with the install line when it is missing)."""
     try:
@@ -111,7 +98,7 @@ xp = get_xp  # short alias: `xp()`
 def on_gpu(a) -> bool:
     """True when `a` is a CuPy array or the cupy module (checked without importing CuPy: if
     nothing imported it, nothing is a CuPy array). Whatever `import cupy` gives counts, so the
-    CPU stand-in for CuPy (runtime/cupy_standin) takes the GPU paths."""
+    CPU stand-in for CuPy (cupy_standin) takes the GPU paths."""
     cupy = sys.modules.get("cupy")
     return cupy is not None and (a is cupy or isinstance(a, cupy.ndarray))
 
@@ -158,9 +145,60 @@ def move_to(a, device: str):
     raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
 
 
+def to_device_of(a, like):
+    """`a` on the device `like` (an array) lives on; copied only when it has to move."""
+    if on_gpu(a) == on_gpu(like):
+        return a
+    return move_to(a, "cuda" if on_gpu(like) else "cpu")
+
+
 def to_device(a, dtype=None):
     """`a` as an array of the current device (a copy only when it has to move)."""
     return get_xp().asarray(a, dtype=dtype)
+
+
+def is_array(a) -> bool:
+    """`a` is an array of either device (NumPy, or CuPy: checked without importing it)."""
+    return hasattr(a, "__array_interface__") or on_gpu(a)
+
+
+def set_from_host(dst, src) -> None:
+    """dst[...] = src for a host array `src`: one copy to the device of `dst` (CuPy's `set`)."""
+    if on_gpu(dst):
+        dst.set(np.ascontiguousarray(src, dtype=dst.dtype))
+    else:
+        dst[...] = src
+
+
+def cublas_binding():
+    """CuPy's own cuBLAS binding (cupy_backends), for the calls runtime/cublas_direct.py cannot make."""
+    import_cupy()
+    from cupy_backends.cuda.libs import cublas
+
+    return cublas
+
+
+def captures_graphs(device: str) -> bool:
+    """Whether `device` ("cpu" or "cuda") records a step as a CUDA graph (capture_graph): a GPU does;
+    the CPU has no launches to record."""
+    return device == "cuda"
+
+
+def capture_graph(fn, keep=None):
+    """(fn(), the CUDA graph of the launches fn made, what keeps it alive): fn runs once on a stream
+    of its own, and what it allocates comes from a memory pool of the graph's own, so that the
+    addresses the graph replays stay the graph's. `keep`: what an earlier capture returned, to
+    record on its stream and pool again (graphs that never run at the same time may share one).
+    Nothing in fn may copy from the host or wait for the GPU: a capture cannot record either."""
+    cupy = import_cupy()
+    pool, stream = keep if keep is not None else (cupy.cuda.MemoryPool(), cupy.cuda.Stream(non_blocking=True))
+    with cupy.cuda.using_allocator(pool.malloc), stream:
+        stream.begin_capture()
+        try:
+            result = fn()
+        finally:
+            graph = stream.end_capture()
+    return result, graph, (pool, stream)
 
 
 def to_host(a) -> np.ndarray:
@@ -168,6 +206,13 @@ def to_host(a) -> np.ndarray:
     if on_gpu(a):
         return a.get()
     return np.asarray(a)
+
+
+def default_log_every(device: str) -> int:
+    """Training steps between reads of their values on the host (TrainConfig.log_every's default):
+    1 on the CPU, where reading a value is free; 10 on a GPU, where each read waits for the device
+    to finish its queue (a host synchronisation)."""
+    return 10 if device == "cuda" else 1
 
 
 def synchronize() -> None:

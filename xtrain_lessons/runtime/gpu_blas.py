@@ -1,7 +1,6 @@
 """Matrix products on the GPU: cuBLAS's strided batched GEMM, whatever the storage dtype (T03, T07, T12).
 
     matmul(a, b, out=None)        a @ b for CuPy arrays (stacked and transposed views too)
-    array_matmul(a, b, out=None)  np.matmul for NumPy arrays, `matmul` for CuPy ones
 
 Every product of two float32, float16 or bfloat16 arrays is one cublasGemmStridedBatchedEx call:
 the operands in their storage dtype, float32 accumulation (CUBLAS_COMPUTE_32F; no TF32, as CuPy's
@@ -9,7 +8,7 @@ default), the result in the operands' dtype or in a float32 `out`. bf16 and fp16
 cores (an 8192^3 bf16 product ran at 774 TFLOP/s on an H100). Two reasons not to leave them to
 `cupy.matmul`: CuPy 14.2 has no stacked bf16 product (its batched path takes bf16 for an integer
 type: `TypeError: data type 'E' not understood`, seen on the H100), and CuPy's binding refuses any
-cuBLAS call while a CUDA graph is being captured (training/cuda_graph.py), so the call goes through
+cuBLAS call while a CUDA graph is being captured (training/loop/cuda_graph.py), so the call goes through
 runtime/cublas_direct.py (cuBLAS's own entry point, which graphs can record), or through CuPy's
 binding where that library cannot be found.
 
@@ -28,8 +27,9 @@ from __future__ import annotations
 import numpy as np
 
 from xtrain_lessons.runtime.cublas_direct import direct_cublas
+from xtrain_lessons.runtime.device import cublas_binding, import_cupy
 
-__all__ = ["matmul", "array_matmul", "is_bf16"]
+__all__ = ["matmul", "is_bf16"]
 
 # cuBLAS's enums (library_types.h, cublas_api.h), passed as plain ints
 CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF = 0, 2, 14
@@ -46,7 +46,7 @@ def is_bf16(a) -> bool:
 
 def matmul(a, b, out=None):
     """a @ b on the GPU (see the module doc); `out` receives the result in its own dtype."""
-    import cupy  # noqa: PLC0415 - only ever called with CuPy arrays
+    cupy = import_cupy()  # only ever called with CuPy arrays
 
     if a.dtype != b.dtype:  # widen both to float32 (exact), round the result once
         want = np.result_type(a.dtype, b.dtype)
@@ -128,17 +128,8 @@ def _gemm(cupy, a, b, out):
     if blas is not None:
         blas.gemm_strided_batched_ex(cupy.cuda.get_current_stream().ptr, *args)
     else:  # CuPy's binding: the same call, refused inside a graph capture
-        from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
-
-        cublas.gemmStridedBatchedEx(cupy.cuda.device.get_cublas_handle(), *args)
+        cublas_binding().gemmStridedBatchedEx(cupy.cuda.device.get_cublas_handle(), *args)
     if out is not None and c is not out:
         out[...] = c
         return out
     return c
-
-
-def array_matmul(a, b, out=None):
-    """np.matmul(a, b, out) for NumPy arrays, `matmul` for CuPy ones (code that serves both)."""
-    if isinstance(a, np.ndarray):
-        return np.matmul(a, b) if out is None else np.matmul(a, b, out=out)
-    return matmul(a, b, out)

@@ -88,11 +88,11 @@ class TrainConfig:
                                     # train --threads N` measures the speed
     dtype: str = "float32"          # T12 compute dtype: "float32", "bf16" or "fp16" (float32 master
                                     # weights and AdamW state either way; xtrain_lessons.model.precision;
-                                    # fp16 adds dynamic loss scaling: training.grad_scaler)
+                                    # fp16 adds dynamic loss scaling: training.optim.grad_scaler)
     loss_scale: float = 0.0         # T12 fp16: 0 = dynamic (2^16, halved on inf, doubled after 2000
                                     # clean steps); S > 0: a fixed scale S (1: no scaling)
     cuda_graph: bool = True         # T07, on a GPU: capture the step once per batch shape as a CUDA
-                                    # graph and replay it (training/cuda_graph.py); False: eager steps
+                                    # graph and replay it (training/loop/cuda_graph.py); False: eager steps
 
     # -- (de)serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -250,7 +250,7 @@ def load_kernel(filename: str, name: str, backend: str = "auto", options=()) -> 
     """The kernel `name` of `xtrain_lessons/runtime/kernels/<filename>`, compiled once per process."""
     where = _resolve_backend(backend)
     # the CuPy module is part of the key on the GPU: a process may meet both a real CuPy and the
-    # CPU stand-in for it (runtime/cupy_standin), and a kernel compiled for one is no use to the other
+    # CPU stand-in for it (cupy_standin), and a kernel compiled for one is no use to the other
     key = (filename, name, where, tuple(options), sanitize_default(), sys.modules.get("cupy") if where == "gpu" else None)
     with _loaded_lock:
         if key not in _loaded:

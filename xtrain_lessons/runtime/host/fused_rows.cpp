@@ -372,7 +372,7 @@ EXPORT void softmax_exp_rows(float* x, float* s, float* lse, int V, const i64* c
 }
 
 // ------------------------------------------------------------------ causal attention, by blocks
-// model/causal_blocks.py's algorithm with no Python between the matmuls: one task per
+// runtime/opset/attention.py's algorithm with no Python between the matmuls: one task per
 // (sequence, kv head), every product a CBLAS sgemm on the arrays' own layout (leading
 // dimensions H*D and Hkv*D: no copies), the causal softmax of each query block in between.
 // The sgemm is the one runtime/blas.py chose (MKL's or NumPy's OpenBLAS's), set from Python.

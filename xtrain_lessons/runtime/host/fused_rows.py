@@ -15,7 +15,7 @@ runs on its thread alone.
     with fr.disabled():                    # the engine's NumPy path instead (T07 compares them)
         ...
 
-The attention (`attention_fwd`/`attention_bwd`, model/causal_blocks.py's blocks of queries)
+The attention (`attention_fwd`/`attention_bwd`, runtime/opset/attention.py's blocks of queries)
 calls the BLAS sgemm runtime/blas.py chose through a function pointer, from C++.
 
 Used for float32 NumPy arrays only: float64 (gradcheck), bf16/fp16 storage and CuPy arrays
@@ -312,7 +312,7 @@ def _with_sgemm(fn):
 
 
 def attention_fwd(q, k, v, out, probs, blocks, scale):
-    """model/causal_blocks.py's forward in C++: q, out (B, Tq, H, D), k, v (B, Tk, Hkv, D),
+    """runtime/opset/attention.py's forward in C++: q, out (B, Tq, H, D), k, v (B, Tk, Hkv, D),
     probs[i] (B, Hkv, G*(b-a), n_k) for blocks[i] = (a, b, n_k); one task per (sequence, kv head)."""
     args, keep = _attention_args(q, k, blocks, probs)
     B, Hkv = q.shape[0], k.shape[2]

@@ -62,7 +62,7 @@ extern "C" __global__ void adamw_step_scaled(float* __restrict__ p, const float*
 // device memory: step_scalars = {decay, bc2_sqrt, neg_step} (lr follows a schedule, the bias
 // corrections follow the step count). A CUDA graph stores a kernel's arguments by value when it
 // is captured, so a captured step replays with the scalars of its capture; read from memory, they
-// are whatever the host copied there before each replay (training/cuda_graph.py). Same order of
+// are whatever the host copied there before each replay (training/loop/cuda_graph.py). Same order of
 // operations as adamw_step_scaled: the same bits from the same scalars.
 extern "C" __global__ void adamw_step_graphed(float* __restrict__ p, const float* __restrict__ g,
                                               float* __restrict__ m, float* __restrict__ v,

@@ -1,6 +1,6 @@
 """Fused AdamW: the launcher for kernels/adamw.cu and its NumPy reference.
 
-The optimizer built on it is `xtrain_lessons.training.fused_adamw.FusedAdamW`.
+The optimizer built on it is `xtrain_lessons.training.optim.AdamW` (through runtime/opset/optim.py).
 
 adamw_flat(p, g, m, v, step, lr, betas, eps, weight_decay, n_decay) updates flat buffers in
 place (one launch); adamw_reference(...) is the same update in NumPy, with the engine AdamW's
@@ -17,7 +17,7 @@ The GPU engine's step (T07) reads grad_norm.global_norm_and_clip's result on the
         adamw_scaled_reference(...) = adamw_reference after g *= factors[1], nothing when
         factors[2] != 0.
 
-A step captured in a CUDA graph (training/cuda_graph.py) replays its kernels' arguments as they
+A step captured in a CUDA graph (training/loop/cuda_graph.py) replays its kernels' arguments as they
 were at the capture, so the scalars that change every step live in device memory instead:
 
     adamw_flat_graphed(p, g, m, v, factors, step_scalars, betas, eps, n_decay)

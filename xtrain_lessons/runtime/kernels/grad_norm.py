@@ -13,7 +13,7 @@ NumPy reference (T07).
         summed in double over a fixed 256 x 256 grid into partials, then one block), no host
         synchronisation: adamw.adamw_flat_scaled reads `out` on the device. Deterministic.
 
-The rule of training/optim.py's clip_grad_norm (torch's clip_grad_norm_), with unscaling folded
+The rule of training/optim/clip.py's clip_grad_norm (torch's clip_grad_norm_), with unscaling folded
 into the same factor. Reference: global_norm_and_clip_reference(flat_grad, max_norm, eps,
 inv_scale) -> float32 (3,), in float64 arithmetic.
 """
@@ -38,7 +38,7 @@ _NAMES = ("grad_norm_partials", "grad_norm_finish", "grad_norm_finish_scaled")
 def global_norm_and_clip(flat_grad, partials, out, max_norm, eps: float = 1e-6, inv_scale: float = 1.0,
                          scale_state=None):
     """See the module doc. `scale_state`: a device float32 array whose [0] is the fp16 loss scale
-    (training/grad_scaler.py on the device): inv_scale is then 1 / scale, read on the device.
+    (training/optim/grad_scaler.py on the device): inv_scale is then 1 / scale, read on the device.
     Returns `out`."""
     fn = "global_norm_and_clip"
     xp = device_of(fn, "flat_grad", flat_grad)

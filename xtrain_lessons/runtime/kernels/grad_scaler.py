@@ -3,7 +3,7 @@
     update_scale(state, found, growth_factor, backoff_factor, growth_interval, dynamic=True)
         state: float32 (3,) on the device, [scale, growth tracker, skipped steps], updated in place;
         found: grad_norm.global_norm_and_clip's out (its [2] is 1.0 when a gradient was not finite).
-        torch.amp.GradScaler's update rule (training/grad_scaler.py), one launch of one thread:
+        torch.amp.GradScaler's update rule (training/optim/grad_scaler.py), one launch of one thread:
         nothing is read on the host.
 
 Reference: update_scale_reference(state, found_inf, ...) -> the new state (NumPy, float32 arithmetic).

@@ -72,7 +72,7 @@ extern "C" __global__ void philox_uniform(float* __restrict__ out, unsigned long
 // The same uniforms, with the stream's (seed, offset) read from device memory: seed = key[0],
 // offset = key[1] + add. A training step captured as a CUDA graph replays its launches with the
 // arguments they had at the capture; the host rewrites `key` before each replay, so every replay
-// draws fresh dropout masks (training/cuda_graph.py). Bit for bit philox_uniform(key[0], key[1] + add).
+// draws fresh dropout masks (training/loop/cuda_graph.py). Bit for bit philox_uniform(key[0], key[1] + add).
 extern "C" __global__ void philox_uniform_keyed(float* __restrict__ out, const unsigned long long* __restrict__ key,
                                                 unsigned long long add, unsigned long long n) {
     unsigned long long block = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;

@@ -9,7 +9,7 @@ on the CPU emulator here and on a GPU through CuPy.
     u = philox_uniform(1234, 7, 10_000, xp=cupy)               # a CuPy array, on the GPU
 
 A step captured as a CUDA graph replays its launches' arguments as they were at the capture, so
-its streams are named in device memory instead (training/cuda_graph.py):
+its streams are named in device memory instead (training/loop/cuda_graph.py):
 
     key = cupy.asarray(np.array([1234, 7], np.uint64))       # [seed, offset], rewritten before each replay
     u = philox_uniform_keyed(key, 3, 10_000, xp=cupy)        # == philox_uniform(1234, 7 + 3, 10_000)

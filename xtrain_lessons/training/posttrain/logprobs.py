@@ -16,14 +16,14 @@ from __future__ import annotations
 import numpy as np
 
 from xtrain_lessons.autograd.tensor import Tensor, make_node
-from xtrain_lessons.runtime.device import array_module
+from xtrain_lessons.runtime.device import array_module, to_host
 
 __all__ = ["token_logprobs", "token_entropy", "response_logprobs", "sequence_logprobs", "host"]
 
 
 def host(a) -> np.ndarray:
     """A NumPy array of `a` (a CuPy array is copied to the host)."""
-    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+    return to_host(a)
 
 
 def _float(x):

@@ -28,7 +28,7 @@ from xtrain_lessons.training.optim import AdamW, clip_grad_norm
 from xtrain_lessons.training.posttrain.aggregate import masked_normalize
 from xtrain_lessons.training.posttrain.batch import prompt_response_batch
 from xtrain_lessons.training.posttrain.logprobs import sequence_logprobs
-from xtrain_lessons.training.schedule import lr_at
+from xtrain_lessons.training.optim.schedule import lr_at
 
 __all__ = ["SFTConfig", "sft_loss", "sft_step", "sft_train", "check_lengths"]
 

@@ -1,6 +1,6 @@
 """Download a known corpus (TinyStories) with its checksum verified.
 
-    from xtrain_lessons.training.fetch import fetch
+    from xtrain_lessons.training.data.fetch import fetch
     path = fetch("tinystories", "data")      # data/TinyStories-valid.txt, <|endoftext|> lines
 
 `fetch` downloads to a temporary file and renames it only when the download is complete and

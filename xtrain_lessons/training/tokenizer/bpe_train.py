@@ -23,7 +23,7 @@ from collections import Counter, defaultdict
 
 from tqdm import tqdm
 
-from xtrain_lessons.training.bpe_pretokenize import count_file, count_pretokens
+from xtrain_lessons.training.tokenizer.bpe_pretokenize import count_file, count_pretokens
 
 Pair = tuple[int, int]
 

@@ -729,8 +729,8 @@ def _reference_kernels() -> dict:
     def grad_norm_partials(g, n, partials):  # the fixed grid the launcher uses
         partials[...] = gn.grad_norm_partials_reference(g[:int(n)], len(partials), gn.NORM_BLOCK)  # float64
 
-    return {"grad_norm_partials": grad_norm_partials, "rmsnorm_fwd": rmsnorm_fwd, "rmsnorm_bwd": rmsnorm_bwd, "causal_softmax_fwd": causal_fwd,
-            "causal_softmax_bwd": causal_bwd, "softmax_exp_rows": softmax_exp, "cross_entropy_fwd": ce_fwd,
+    return {"grad_norm_partials": grad_norm_partials, "rmsnorm_fwd": rmsnorm_fwd, "rmsnorm_bwd": rmsnorm_bwd,
+            "causal_softmax_fwd": causal_fwd, "causal_softmax_bwd": causal_bwd, "softmax_exp_rows": softmax_exp, "cross_entropy_fwd": ce_fwd,
             "cross_entropy_bwd": ce_bwd}
 
 

@@ -9,7 +9,7 @@ them with one call, so a step costs what the GPU needs.
     stepper = device_stepper(trainer)   # the training loop's GPU step: a LoopGraph, or eager with one line why
     loss, norm, extra = stepper(x, y, lr)                 # device values, read at the logging points
 
-    step = CudaGraphStep(model, opt, max_norm=1.0)   # `xtrain bench train --cuda-graph`'s bare step
+    step = CudaGraphStep(model, opt, max_norm=1.0)   # `xtrain bench train --cuda-graph`'s bare step (opt an AdamW)
     loss = step(batch)      # batch (B, T+1) host ints -> the loss, a float32 device scalar
     step.reason             # None while the step is captured; else why it runs eagerly
 
@@ -17,14 +17,14 @@ A graph replays what it recorded: each kernel's arguments by value and every arr
 So everything that changes from step to step is read from device memory that the host fills
 before each replay:
   * the batch: copied into the same device arrays every step, checked on the host first
-    (device.HostChecked: the model then skips its own check, which would wait for the GPU);
-  * AdamW's lr and bias corrections: FusedAdamW.step(step_scalars=...) (adamw_step_graphed);
-  * dropout's Philox stream: [seed, offset] (model.dropout_key, model/dropout.DeviceKey), so each
+    (model/inputs.HostChecked: the model then skips its own check, which would wait for the GPU);
+  * AdamW's lr and bias corrections: AdamW.step(step_scalars=...) (adamw_step_graphed);
+  * dropout's Philox stream: [seed, offset] (model.dropout_key, opset/dropout.DeviceKey), so each
     replay draws new masks;
   * fp16's loss scale, growth count and skipped steps: GradScaler.state, on the device already
     (kernels/grad_scaler.cu updates it in place), and the run's health flag, kept in place;
   * the step's temporaries: allocated during the capture from a memory pool of the graphs' own
-    that nothing else uses, so their addresses stay the graphs'.
+    that nothing else uses, so their addresses stay the graphs' (device.capture_graph).
 Nothing inside the step may copy from the host or wait for the GPU: a capture cannot record
 either (the CPU stand-in for CuPy refuses both while it captures, as CUDA does).
 
@@ -46,140 +46,15 @@ synchronisation); by default its graph cannot be replayed and the step goes on e
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import numpy as np
 
-from xtrain_lessons.model.layers import host_targets
-from xtrain_lessons.runtime.device import HostChecked, import_cupy
-from xtrain_lessons.runtime.kernels.adamw import adamw_step_scalars
-from xtrain_lessons.training.fused_adamw import FusedAdamW
+from xtrain_lessons.model.inputs import HostChecked, host_targets
+from xtrain_lessons.runtime.device import array_module, captures_graphs, set_from_host
+from xtrain_lessons.training.loop.graph_cache import GraphCache
 
 __all__ = ["CudaGraphStep", "LoopGraph", "device_stepper", "GraphCache", "CACHE_SIZE"]
 
 CACHE_SIZE = 4  # the training loop keeps the graphs of this many batch shapes
-
-
-class _Entry:
-    """One batch shape's device buffers and, once captured, its graph and the arrays it writes."""
-
-    def __init__(self, cp, shape):
-        self.ids = cp.empty(shape, np.int64)
-        self.targets = cp.empty(shape, np.int64)
-        self.graph = self.outs = None
-        self.before = self.after = None  # the host's bookkeeping before and after the captured step
-
-
-class GraphCache:
-    """What both graphed steps share: a step (`_body`, on an entry's buffers) captured once per key
-    and replayed, the graphs of the last `cache_size` keys kept, each capture checked bit for bit
-    against the eager step (see the module doc). A subclass names the state the step carries
-    (`_state`: device arrays, compared and restored), the host's bookkeeping (`_host` / `_set_host`)
-    and what a replay must do on the host (`_after_replay`)."""
-
-    def __init__(self, warmup: int = 2, cache_size: int = 4):
-        if cache_size < 1:
-            raise ValueError(f"cache_size must be >= 1, got {cache_size}")
-        self.cp = import_cupy()
-        self.warmup, self.cache_size = warmup, cache_size
-        self.cache: OrderedDict = OrderedDict()  # key -> _Entry, least recently used first
-        self.reason = None  # why the step runs eagerly (None while graphs are used)
-        self.calls = self.captures = self.replays = 0
-        self._pool = self._stream = None
-
-    @property
-    def graph(self):
-        """The graph of the last shape used (None before its capture, or once eager)."""
-        entry = next(reversed(self.cache.values()), None)
-        return None if entry is None or self.reason is not None else entry.graph
-
-    def _entry(self, key, shape) -> _Entry:
-        entry = self.cache.get(key)
-        if entry is not None:
-            self.cache.move_to_end(key)
-            return entry
-        self.cache[key] = entry = _Entry(self.cp, shape)
-        if len(self.cache) > self.cache_size:  # a graph may still run: wait before dropping one (rare)
-            self.cp.cuda.get_current_stream().synchronize()
-            self.cache.popitem(last=False)
-        return entry
-
-    def _run(self, entry):
-        """The step on `entry`: replayed, or captured and checked, or eager. Returns its outputs."""
-        if entry.graph is None:
-            return self._capture_and_check(entry)
-        entry.graph.launch()
-        self.replays += 1
-        self._after_replay(entry)
-        return entry.outs
-
-    # -- the subclass's part ----------------------------------------------------------------
-    def _body(self, entry) -> tuple:
-        raise NotImplementedError
-
-    def _state(self) -> tuple:
-        raise NotImplementedError
-
-    def _host(self):
-        raise NotImplementedError
-
-    def _set_host(self, host) -> None:
-        raise NotImplementedError
-
-    def _after_replay(self, entry) -> None:
-        raise NotImplementedError
-
-    # -- capture, replay once, compare with the eager step ------------------------------------
-    def _capture_and_check(self, entry):
-        cp = self.cp
-        state = self._state()
-        before, host0 = [a.copy() for a in state], self._host()
-        eager_outs = tuple(o.copy() for o in self._body(entry))
-        eager, host1 = [a.copy() for a in state], self._host()
-        try:
-            self._restore(before, host0)
-            entry.outs, entry.graph = self._capture(entry)
-            self.captures += 1
-            entry.before, entry.after = host0, self._host()  # (after: with the arrays the graph writes)
-            self._restore(before, host0)  # (the CPU stand-in ran the step while capturing it)
-            entry.graph.launch()
-            self._after_replay(entry)
-            got, want = (*entry.outs, *state), (*eager_outs, *eager)
-            same = cp.stack([cp.array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8))
-                             for a, b in zip(got, want)]).get()  # the one host synchronisation
-            differs = [self._name(i) for i, ok in enumerate(same) if not ok]
-            if differs:
-                self.reason = "the replayed graph differs from the eager step in " + ", ".join(differs)
-        except Exception as e:  # noqa: BLE001 - whatever the capture meets, the step goes on eagerly
-            self.reason = f"the capture failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
-        if self.reason is None:
-            return entry.outs
-        entry.graph = entry.outs = None  # keep the eager step's result
-        self._restore(eager, host1)
-        return eager_outs
-
-    def _name(self, i: int) -> str:
-        return f"output {i}"
-
-    def _restore(self, arrays, host) -> None:
-        for a, b in zip(self._state(), arrays):
-            a[...] = b
-        self._set_host(host)
-
-    def _capture(self, entry):
-        """(the arrays the graph writes, the graph): the step recorded on a stream of its own, its
-        temporaries from a memory pool of its own (one for all the shapes' graphs: they never run
-        at the same time, and each writes a temporary before it reads it)."""
-        cp = self.cp
-        if self._pool is None:
-            self._pool, self._stream = cp.cuda.MemoryPool(), cp.cuda.Stream(non_blocking=True)
-        with cp.cuda.using_allocator(self._pool.malloc), self._stream:
-            self._stream.begin_capture()
-            try:
-                outs = self._body(entry)
-            finally:
-                graph = self._stream.end_capture()
-        return outs, graph
 
 
 def _checked_ids(ids, V: int):
@@ -198,9 +73,9 @@ class CudaGraphStep(GraphCache):
         if model.compute_dtype == "fp16" or model.config.dropout > 0:
             raise ValueError("CudaGraphStep: the bench's step has no fp16 loss scaling or dropout; run those "
                              "steps eagerly (the training loop's graph, LoopGraph, captures both)")
-        super().__init__(warmup, cache_size)
+        super().__init__(array_module(opt.flat_param), warmup, cache_size)
         self.model, self.opt, self.max_norm, self.ignore_index = model, opt, max_norm, ignore_index
-        self._scalars = self.cp.empty(3, np.float32)
+        self._scalars = self.xp.empty(3, np.float32)
 
     def _body(self, entry):
         m, o = self.model, self.opt
@@ -215,10 +90,9 @@ class CudaGraphStep(GraphCache):
         ids, targets, n_valid = self._checked(np.asarray(batch))
         entry = self._entry((ids.shape, n_valid), ids.shape)
         entry.n_valid = n_valid
-        entry.ids.set(ids)
-        entry.targets.set(targets)
-        g = self.opt.groups[0]
-        self._scalars.set(adamw_step_scalars(self.opt._step + 1, g["lr"], g["betas"], self.opt._wd))
+        set_from_host(entry.ids, ids)
+        set_from_host(entry.targets, targets)
+        set_from_host(self._scalars, self.opt.next_step_scalars())
         self.calls += 1
         if self.reason is not None or self.calls <= self.warmup:
             return self._body(entry)[0]
@@ -244,22 +118,16 @@ class CudaGraphStep(GraphCache):
         return ("loss", "weights", "exp_avg", "exp_avg_sq")[i]
 
     def _host(self):
-        return self.opt._step, self.opt.last_factors
+        return self.opt.step_count, self.opt.last_factors
 
     def _set_host(self, host) -> None:
-        _set_step(self.opt, host[0])
+        self.opt.step_count = host[0]
         self.opt.last_factors = host[1]
 
     def _after_replay(self, entry) -> None:
-        """The host-side bookkeeping of FusedAdamW.step that a replay does not run."""
-        _set_step(self.opt, self.opt._step + 1)
+        """The host-side bookkeeping of AdamW.step that a replay does not run."""
+        self.opt.step_count += 1
         self.opt.last_factors = entry.after[1]
-
-
-def _set_step(opt, step: int) -> None:
-    opt._step = step
-    for st in opt.state.values():
-        st["step"] = step
 
 
 class _Rows(HostChecked):
@@ -291,12 +159,12 @@ class LoopGraph(GraphCache):
     IGNORE = -100  # Model.loss's ignore_index, as the loop calls it
 
     def __init__(self, trainer, warmup: int = 2, cache_size: int = 4):
-        super().__init__(warmup, cache_size)
+        super().__init__(array_module(trainer.opt.flat_param), warmup, cache_size)
         self.t = trainer
-        cp, model = self.cp, trainer.model
-        self._scalars = cp.empty(3, np.float32)
-        self._healthy = cp.ones((), np.bool_)  # the run's health flag, updated in place by the graphs
-        self._key = cp.empty(2, np.uint64) if model.config.dropout > 0 else None  # dropout's [seed, offset]
+        xp, model = self.xp, trainer.model
+        self._scalars = xp.empty(3, np.float32)
+        self._healthy = xp.ones((), np.bool_)  # the run's health flag, updated in place by the graphs
+        self._key = xp.empty(2, np.uint64) if model.config.dropout > 0 else None  # dropout's [seed, offset]
         self._said = False
 
     def __call__(self, x, y, lr):
@@ -310,8 +178,8 @@ class LoopGraph(GraphCache):
         valid = tuple(np.count_nonzero(y != self.IGNORE, axis=1).tolist())  # each micro-batch's count follows
         key = (x.shape, valid, t.cfg.accum_steps, t.model.training)
         entry = self._entry(key, x.shape)
-        entry.ids.set(np.ascontiguousarray(x, dtype=np.int64))
-        entry.targets.set(np.ascontiguousarray(y, dtype=np.int64))
+        set_from_host(entry.ids, x)
+        set_from_host(entry.targets, y)
         self._x, self._y, self._lr = _Rows(entry.ids, x), _Rows(entry.targets, y, self.IGNORE), lr
         self._fill(lr)
         first = entry.graph is None
@@ -330,8 +198,8 @@ class LoopGraph(GraphCache):
     def _fill(self, lr) -> None:
         """What the step reads from device memory, for this step (no host synchronisation)."""
         t, o = self.t, self.t.opt
-        g = o.groups[0]
-        self._scalars.set(adamw_step_scalars(o._step + 1, lr, g["betas"], o._wd))
+        o.set_lr(lr)
+        set_from_host(self._scalars, o.next_step_scalars())
         if t.healthy is True:
             self._healthy.fill(True)
         elif t.healthy is not self._healthy:
@@ -339,7 +207,7 @@ class LoopGraph(GraphCache):
         t.healthy = self._healthy
         if self._key is not None:
             m = t.model
-            self._key.set(np.array([m.dropout_seed, m.dropout_step * 2 * m.config.n_layers], np.uint64))
+            set_from_host(self._key, np.array([m.dropout_seed, m.dropout_step * 2 * m.config.n_layers], np.uint64))
 
     def _body(self, entry):
         t, m = self.t, self.t.model
@@ -354,8 +222,8 @@ class LoopGraph(GraphCache):
         self._healthy[...] = t.healthy  # in place: the next replay reads it there
         t.healthy = self._healthy
         entry.keys = tuple(extra)
-        cp = self.cp
-        return (cp.stack([cp.asarray(v, dtype=np.float64).reshape(()) for v in (loss, norm, *extra.values())]),)
+        xp = self.xp
+        return (xp.stack([xp.asarray(v, dtype=np.float64).reshape(()) for v in (loss, norm, *extra.values())]),)
 
     def _state(self):
         o, scaler = self.t.opt, self.t.scaler
@@ -367,10 +235,10 @@ class LoopGraph(GraphCache):
                 "loss scale")[i]
 
     def _host(self):
-        return self.t.opt._step, self.t.model.dropout_step, self.t.opt.last_factors
+        return self.t.opt.step_count, self.t.model.dropout_step, self.t.opt.last_factors
 
     def _set_host(self, host) -> None:
-        _set_step(self.t.opt, host[0])
+        self.t.opt.step_count = host[0]
         self.t.model.dropout_step, self.t.opt.last_factors = host[1], host[2]
         self.t.healthy = self._healthy
 
@@ -378,7 +246,7 @@ class LoopGraph(GraphCache):
         """What the step does on the host that a replay does not: AdamW's step count and lr (a
         checkpoint saves both), the dropout forwards counted, the factors the loop may read."""
         o, m = self.t.opt, self.t.model
-        _set_step(o, o._step + 1)
+        o.step_count += 1
         o.set_lr(self._lr)
         m.dropout_step += entry.after[1] - entry.before[1]
         o.last_factors = entry.after[2]
@@ -395,17 +263,16 @@ class LoopGraph(GraphCache):
 
 
 def device_stepper(trainer):
-    """The training loop's GPU step: a LoopGraph by default, or the eager step (`Trainer.device_step`)
-    where a setting keeps it eager, said in one line; None where the loop's step is not the device
-    step (the CPU, or --log-every 1, which reads the loss on the host before each update)."""
+    """The training loop's step: on a GPU a LoopGraph by default, or the eager step
+    (`Trainer.device_step`) where a setting keeps it eager, said in one line; elsewhere (the CPU:
+    nothing to capture) the eager step."""
     t, cfg = trainer, trainer.cfg
-    on_device = t.deferred and isinstance(t.opt, FusedAdamW)
-    if t.device != "cuda":
-        return t.device_step if on_device else None  # (FusedAdamW on the CPU: tests only)
+    if not captures_graphs(t.device):
+        return t.device_step
     why = ("--no-cuda-graph" if not cfg.cuda_graph else
-           "--log-every 1: the loss is read on the host before every update" if not on_device else
+           "--log-every 1: the loss is read on the host before every update" if not t.deferred else
            "xtrain launch: the gradients' all-reduce synchronises with the host" if t.ddp is not None else None)
     if why is None:
         return LoopGraph(t, cache_size=CACHE_SIZE)
     t.say(f"CUDA graph: off ({why}); the step runs eagerly")
-    return t.device_step if on_device else None
+    return t.device_step

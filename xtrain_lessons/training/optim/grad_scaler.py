@@ -18,11 +18,11 @@ too large, it is halved, and the next step tries again. The scale is a float32 v
 reciprocal taken in float64 and rounded to float32, exactly as torch does; so on the same
 gradient sequence the unscaled gradients, the skips and the scales are bit-identical
 (tests/test_grad_scaler.py). On the CPU the inf check is read on the host (one synchronisation
-per optimizer step, free there). On a GPU, `to_device(xp)` keeps the scale, the growth count and
-the skipped steps in a device array (`state`), as torch keeps its scale tensor: the optimizer's
-norm kernel finds the inf and folds 1/scale into the gradient factor (training/fused_adamw.py),
-its step is skipped on the device, and `update_from(found)` runs the rule in one launch
-(kernels/grad_scaler.cu): no host synchronisation in the step.
+per optimizer step, free there). The training loop keeps the scale, the growth count and the
+skipped steps in an array on the parameters' device (`to_device(xp)`: `state`), as torch keeps its
+scale tensor: AdamW.clip_grad_norm unscales the gradients inside its clip factor and finds the inf
+(training/optim/adamw.py), the step is skipped there, and `update_from(factors)` runs the rule
+(opset.loss_scale_update: one launch on a GPU): no host synchronisation in the step.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import numpy as np
 
 from xtrain_lessons.autograd.tensor import Tensor
 from xtrain_lessons.parallel.ddp import agree_any
-from xtrain_lessons.runtime.device import array_module
-from xtrain_lessons.runtime.kernels.grad_scaler import update_scale
+from xtrain_lessons.runtime import opset
+from xtrain_lessons.runtime.device import array_module, to_host
 
 __all__ = ["GradScaler"]
 
@@ -75,9 +75,9 @@ class GradScaler:
 
     def update_from(self, factors) -> None:
         """The update on the device: `factors` is the optimizer's [norm, factor, found_inf]
-        (training/fused_adamw.py's clip_grad_norm), read there by one launch."""
-        update_scale(self.state, factors, self.growth_factor, self.backoff_factor, self.growth_interval,
-                     self.dynamic)
+        (AdamW.clip_grad_norm's), read there."""
+        opset.loss_scale_update(self.state, factors, self.growth_factor, self.backoff_factor, self.growth_interval,
+                                self.dynamic)
 
     def unscale_(self, params, dist=None) -> bool:
         """Divide every gradient by the scale in place (float32 multiply by 1/S) and return
@@ -142,7 +142,7 @@ class GradScaler:
 
     def state_dict(self) -> dict:
         if self.state is not None:  # read from the device (a checkpoint is a synchronisation anyway)
-            scale, tracker, skipped = (float(v) for v in self.state.get())
+            scale, tracker, skipped = (float(v) for v in to_host(self.state))
             self._scale, self._growth_tracker, self.skipped_steps = np.float32(scale), int(tracker), int(skipped)
         return {"scale": float(self._scale), "growth_factor": self.growth_factor,
                 "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,

@@ -1,6 +1,6 @@
 """Write cupy_names.json from a real CuPy (pip install cupy-cuda12x: it imports without a GPU).
 
-    python xtrain_lessons/runtime/cupy_standin/make_names.py   # then commit its cupy_names.json
+    python xtrain_lessons/cupy_standin/make_names.py   # then commit its cupy_names.json
 """
 
 import json

@@ -23,8 +23,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from xtrain_lessons.training.bpe_tokenizer import Tokenizer, _atomic_write, str_to_token, token_to_str
-from xtrain_lessons.training.bpe_train import train_bpe
+from xtrain_lessons.training.tokenizer.bpe_tokenizer import Tokenizer, _atomic_write, str_to_token, token_to_str
+from xtrain_lessons.training.tokenizer.bpe_train import train_bpe
 from xtrain_lessons.training.tokenizer import load_tokenizer, train_tokenizer
 
 EOT = "<|endoftext|>"

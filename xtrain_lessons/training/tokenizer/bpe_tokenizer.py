@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from pathlib import Path
 
-from xtrain_lessons.training.bpe_pretokenize import GPT2_RE, special_regex, split_special
+from xtrain_lessons.training.tokenizer.bpe_pretokenize import GPT2_RE, special_regex, split_special
 
 # A pre-token may still change when more text arrives if the regex looked near the end of
 # what has arrived: it looks at most 2 characters past a match's start (from "'" towards
