@@ -78,7 +78,21 @@ class Run:
 
 
 def command(shard: Shard, extra: list[str]) -> list[str]:
-    return [sys.executable, "-m", "pytest", *shard.args, *extra]
+    return [sys.executable, "-m", "pytest", *shard.args, "--durations=5", "--durations-min=10", *extra]
+
+
+def slowest(text: str) -> list[str]:
+    """The lines of pytest's "slowest durations" table in a shard's output."""
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if "slowest" in ln and "durations" in ln), None)
+    if start is None:
+        return []
+    table = []
+    for ln in lines[start + 1:]:
+        if not ln.strip() or ln.startswith("="):
+            break
+        table.append(ln)
+    return table
 
 
 def start(shard: Shard, extra: list[str], folder: Path) -> Run:
@@ -102,6 +116,8 @@ def finish(run: Run) -> None:
     if ok:
         last = [ln for ln in text.splitlines() if ln.strip()][-1:]
         print(f"    {last[0] if last else ''}", flush=True)
+        for ln in slowest(text):
+            print(f"      {ln}", flush=True)
     else:
         print(f"==== {run.shard.name}: output ====\n{text}\n==== end of {run.shard.name} ====", flush=True)
 

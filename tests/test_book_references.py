@@ -170,6 +170,12 @@ def test_the_readme_quotes_the_recorded_gpu_run():
     assert sentence in " ".join(readme.split()), f"the README should say: {sentence}"
 
 
+def test_the_readme_quotes_the_strong_baselines_run():
+    flat = " ".join((REPO / "README.md").read_text(encoding="utf-8").replace("`", "").split())
+    sentence = gpu_runs.strong_sentence()
+    assert sentence in flat, f"the README should say: {sentence}"
+
+
 def test_the_course_map_heads_the_gpu_column_with_the_recorded_run():
     assert phases.GPU_STATUS == gpu_runs.gpu_status()
     assert phases.GPU_STATUS in (REPO / "book" / "course_map.md").read_text(encoding="utf-8")

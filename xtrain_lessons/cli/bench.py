@@ -4,7 +4,7 @@ measure/bench_gpu.py on a GPU), `grpo` (batched vs looped rollout scoring:
 measure/grpo_bench.py), `tokenizer` (the course's BPE against `tokenizers`: measure/bench_tokenizer.py).
 
     xtrain bench train --against eager,sdpa,compile
-    xtrain bench train --device cuda --dtype bf16 --cuda-graph --against sdpa,compile,reduce-overhead,cuda-graph \
+    xtrain bench train --device cuda --dtype bf16 --cuda-graph --against sdpa,compile,reduce-overhead,cuda-graph \\
         --preset 20m --vocab-size 8192 --batch-size 32 --seq-len 512
     xtrain bench tokenizer --scale 100
 

@@ -25,6 +25,32 @@ GRAPH_RUN = {
     "20m 32 x 512 float32": (73.5, 72.6, 93.4), "20m 32 x 512 bf16": (36.6, 22.8, 32.3),
     "gpt2-small 8 x 1024 float32": (169.3, 167.5, 213.5), "gpt2-small 8 x 1024 bf16": (89.7, 45.6, 66.4)}
 
+# `bash scripts/gpu_lease.sh` (issue 39's targets) on one H200: bf16, ms per step, the engine's step
+# as a CUDA graph against PyTorch's strongest baselines on the same GPU, weights and batches: eager
+# with SDPA and fused AdamW, the eager step in one torch.cuda.graph, and
+# torch.compile(mode="reduce-overhead"); with the engine's MFU against the dense bf16 spec peak
+STRONG_CARD = "one H200, CuPy 14.2, torch 2.11, November 2026"
+STRONG_RUN = {
+    "20m 32 x 512": {"engine graph": 19.4, "torch sdpa": 26.2, "torch cuda-graph": 23.6,
+                     "torch reduce-overhead": 8.5, "engine mfu": 13.5, "torch mfu": 30.9},
+    "gpt2-small 8 x 1024": {"engine graph": 40.1, "torch sdpa": 43.9, "torch cuda-graph": 40.1,
+                            "torch reduce-overhead": 17.8, "engine mfu": 16.0, "torch mfu": 35.9}}
+
+
+def strong_sentence() -> str:
+    """What the README says of the engine against torch's strongest baselines (STRONG_RUN)."""
+    a, b = STRONG_RUN["20m 32 x 512"], STRONG_RUN["gpt2-small 8 x 1024"]
+
+    def x(run, baseline):
+        return f"{run[baseline] / run['engine graph']:.2f}x"
+
+    return (f"the bf16 step as a CUDA graph runs at {x(a, 'torch reduce-overhead')} / "
+            f"{x(b, 'torch reduce-overhead')} the speed of torch.compile(mode=\"reduce-overhead\") at 20m / "
+            f"GPT-2-small (MFU {a['engine mfu']}% / {b['engine mfu']}% of the dense bf16 peak, torch's "
+            f"{a['torch mfu']}% / {b['torch mfu']}%), {x(a, 'torch sdpa')} / {x(b, 'torch sdpa')} torch eager "
+            f"with SDPA and {x(a, 'torch cuda-graph')} / {x(b, 'torch cuda-graph')} the eager torch step in one "
+            f"torch.cuda.graph")
+
 
 def speedups(dtype: str, which: int) -> dict[str, float]:
     """{shape: torch's ms / the engine's ms} for one dtype; which = 0 (eager) or 1 (CUDA graph)."""
