@@ -141,6 +141,9 @@ if __name__ == "__main__":  # python -m xtrain_lessons.measure.device_calls [pre
     from xtrain_lessons.model.qwen3 import PRESETS  # noqa: PLC0415
 
     preset = sys.argv[1] if len(sys.argv) > 1 else "tiny"
+    if preset not in PRESETS:
+        sys.exit(f"usage: python -m xtrain_lessons.measure.device_calls [PRESET]: counts one training step's "
+                 f"device calls on the stand-in, in float32, bf16 and fp16 (PRESET one of {', '.join(PRESETS)})")
     c = PRESETS[preset]
     for dt in ("float32", "bf16", "fp16"):
         e = engine_step_calls(preset, dtype=dt)
