@@ -32,7 +32,7 @@ BLAS_FREE = {"test_nvcc_compile.py", "test_nvrtc_compile.py", "test_bpe.py", "te
              "test_notebook_outputs.py", "test_data_fetch.py", "test_corpus.py", "test_device_refusal.py",
              "test_gpu_lease.py", "test_cublas_direct.py", "test_cuda_emulator.py", "test_emulator_features.py",
              "test_emulator_sanitizer.py", "test_kernels_bf16.py", "test_kernels_t02.py"}
-# The quick loop between edits (`python -m pytest -m quick`, about two minutes): every layer of the
+# The quick loop between edits (`python -m pytest -m quick`, about a minute): every layer of the
 # package once, and one notebook. The full command in the README stays the gate.
 QUICK = {"test_layers.py", "test_device.py", "test_cuda_emulator.py", "test_autograd.py", "test_model_parity.py",
          "test_accumulation.py", "test_train.py", "test_export_hf.py", "test_eval.py", "test_course.py",

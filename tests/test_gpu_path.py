@@ -24,10 +24,10 @@ from test_train import small_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 # The learner's notebooks, exercises unsolved, are what a learner on a GPU machine runs first: every
-# check must say "not yet" on the GPU and hand on a reference that runs there. The solutions run
-# under nbval on the CPU (the solution shard); their solved exercises run here through the mutation
-# tests' checks only on the CPU. T19's study trains 15 models for 3040 steps, about 12 minutes where
-# every kernel is emulated on the CPU: its CUDA path is `xtrain study` below.
+# check must say "not yet" on the GPU and hand on a reference that runs there. The solutions, their
+# exercises solved, run on the CPU (under nbval, and in the mutation test). T19's study trains 15
+# models for 3040 steps, about 12 minutes where every kernel is emulated on the CPU: its CUDA path is
+# `xtrain study` below.
 LEARNER = [p for p in sorted((REPO / "notebooks").glob("T*.ipynb")) if not p.stem.startswith("T19_")]
 pytestmark = pytest.mark.standin
 # The step's row kernels (RMSNorm, the softmaxes, the fused classifier) run as their NumPy
