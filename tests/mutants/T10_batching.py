@@ -23,6 +23,20 @@ MUTANTS = {
                 ids[b, :len(s)] = s
             return ids, np.full(len(seqs), T, dtype=np.int64)
         """,
+        "int32 lengths (my own slip: the wrong integer width)": """
+            lengths = np.array([len(s) for s in seqs], dtype=np.int32)
+            ids = np.full((len(seqs), int(lengths.max())), pad_id, dtype=np.int64)
+            for b, s in enumerate(seqs):
+                ids[b, :len(s)] = s
+            return ids, lengths
+        """,
+        "last token dropped (my own slip: an off-by-one)": """
+            lengths = np.array([len(s) for s in seqs], dtype=np.int64)
+            ids = np.full((len(seqs), int(lengths.max())), pad_id, dtype=np.int64)
+            for b, s in enumerate(seqs):
+                ids[b, :len(s) - 1] = s[:-1]
+            return ids, lengths
+        """,
         "float ids": """
             lengths = np.array([len(s) for s in seqs], dtype=np.int64)
             ids = np.full((len(seqs), int(lengths.max())), pad_id, dtype=np.float32)
