@@ -979,13 +979,24 @@ def _gemm(name, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype
     a = _device_matrices(A, a_dt, batchCount, a_rows, a_cols, lda, strideA)
     b = _device_matrices(B, b_dt, batchCount, b_rows, b_cols, ldb, strideB)
     c = _device_matrices(C, c_dt, batchCount, m, n, ldc, strideC)
-    op_a = a if transa == 0 else a.swapaxes(-1, -2)
-    op_b = b if transb == 0 else b.swapaxes(-1, -2)
-    res = _host_float(alpha) * np.matmul(op_a.astype(np.float32), op_b.astype(np.float32))
-    if _host_float(beta) != 0:
-        res += _host_float(beta) * c.astype(np.float32)
+    # Column-major C is row-major C^T = op(B)^T op(A)^T: NumPy's matmul then reads the operands and
+    # writes C where they lie (no transposing copies), one sgemm per matrix of the batch.
+    lhs = b.swapaxes(-1, -2) if transb == 0 else b
+    rhs = a.swapaxes(-1, -2) if transa == 0 else a
+    f32 = np.dtype(np.float32)
+    lhs, rhs = (x if x.dtype == f32 else x.astype(f32) for x in (lhs, rhs))
+    alpha, beta = _host_float(alpha), _host_float(beta)
     _device_call("library", name, a, b, c)
-    c[...] = res.astype(c_dt)
+    c_t = c.swapaxes(-1, -2)
+    if c_dt == f32 and alpha == 1 and beta == 0:
+        np.matmul(lhs, rhs, out=c_t)
+        return
+    res = np.matmul(lhs, rhs)
+    if alpha != 1:
+        res *= np.float32(alpha)
+    if beta != 0:
+        res += np.float32(beta) * c_t.astype(f32)
+    c_t[...] = res.astype(c_dt)
 
 
 cupy_backends = types.ModuleType("cupy_backends")
