@@ -39,6 +39,15 @@ def test_the_seam_sees_a_gpu(gpu):
     assert "stand-in" in device.describe()
 
 
+def test_installed_gives_the_stand_in_inside_a_block_only():
+    import sys
+    before = sys.modules.get("cupy")
+    with fake_cupy.installed() as cp:
+        import cupy  # noqa: PLC0415
+        assert cupy is cp is fake_cupy
+    assert sys.modules.get("cupy") is before
+
+
 def test_cupy_rules_implicit_conversion_and_names(gpu):
     cp = gpu
     a = cp.arange(6, dtype=cp.float32).reshape(2, 3)
