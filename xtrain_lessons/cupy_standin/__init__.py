@@ -1,9 +1,10 @@
 """A CPU stand-in for CuPy: the package's GPU path, run on the CPU under CuPy's rules, with every
-device call counted (phase T07). CI has no GPU: this is how its tests, and a learner without a
-GPU, take the CuPy code paths; T07 counts a training step's launches with it.
+device call counted (phase T07b). CI has no GPU: this is how its tests, and a learner without a
+GPU, take the CuPy code paths; T07b counts a training step's launches with it.
 
-`install()` puts this module into ``sys.modules["cupy"]``; `xtrain_lessons.runtime.device`
-then finds "a GPU" through its ordinary checks (the seam is not told about the stand-in).
+`install()` (or, for a block, `installed()`) puts this module into ``sys.modules["cupy"]``;
+`xtrain_lessons.runtime.device` then finds "a GPU" through its ordinary checks (the seam is not
+told about the stand-in).
 It follows CuPy's rules where a NumPy-only program would pass unnoticed:
 
 * `ndarray` wraps a NumPy array and refuses implicit conversion to NumPy (``np.asarray(a)``,
@@ -1049,3 +1050,13 @@ def uninstall(before) -> None:
             sys.modules.pop(k, None)
         else:
             sys.modules[k] = v
+
+
+@contextlib.contextmanager
+def installed():
+    """Inside the block `import cupy` gives this stand-in (install / uninstall); yields the module."""
+    before = install()
+    try:
+        yield sys.modules[__name__]
+    finally:
+        uninstall(before)
