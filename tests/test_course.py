@@ -167,6 +167,29 @@ def test_widest_reduction_tells_a_streamed_softmax_from_a_full_one():
     assert widest_reduction(full, x, 8) == 50 and widest_reduction(streamed, x, 8) == 8
 
 
+def test_ufunc_passes_logs_each_pass_with_its_bytes_and_rows():
+    from xtrain_lessons.course.array_watch import ufunc_passes
+
+    a, b = np.ones((6, 4), np.float32), np.ones((6, 4), np.float32)
+
+    def whole(x, y):
+        return x * y + 1
+
+    def blocks(x, y):
+        out = np.empty_like(x)
+        for lo in range(0, 6, 2):
+            np.multiply(x[lo:lo + 2], y[lo:lo + 2], out=out[lo:lo + 2])
+            out[lo:lo + 2] += 1
+        return out
+
+    result, passes = ufunc_passes(whole, a, b)
+    assert np.array_equal(np.asarray(result), a * b + 1)
+    assert passes == [(3 * a.nbytes, 6), (2 * a.nbytes, 6)]  # a * b (two in, one out), then + 1
+    result, passes = ufunc_passes(blocks, a, b)
+    assert np.array_equal(np.asarray(result), a * b + 1)
+    assert len(passes) == 6 and max(rows for _, rows in passes) == 2
+
+
 def test_a_claim_prints_when_it_holds_and_raises_with_its_figures_when_not(capsys):
     claim("two is more than one", 2 > 1, "2 vs 1")
     assert capsys.readouterr().out == "✔ two is more than one\n"  # the figures only on a failure

@@ -376,3 +376,11 @@ def test_linear_cross_entropy_same_bits_as_linear_then_cross_entropy(threads, N)
         assert np.array_equal(xb.grad, xa.grad) and np.array_equal(wb.grad, wa.grad)
     with pytest.raises(RuntimeError, match="twice"):
         got.backward()
+
+
+def test_cache_bytes_is_a_size_or_none():
+    from xtrain_lessons.runtime.cpu_threads import cache_bytes
+    for level in (1, 2, 3):
+        size = cache_bytes(level)
+        assert size is None or (isinstance(size, int) and size >= 1024), (level, size)
+    assert cache_bytes(9) is None

@@ -39,6 +39,15 @@ def test_the_seam_sees_a_gpu(gpu):
     assert "stand-in" in device.describe()
 
 
+def test_installed_gives_the_stand_in_inside_a_block_only():
+    import sys
+    before = sys.modules.get("cupy")
+    with fake_cupy.installed() as cp:
+        import cupy  # noqa: PLC0415
+        assert cupy is cp is fake_cupy
+    assert sys.modules.get("cupy") is before
+
+
 def test_cupy_rules_implicit_conversion_and_names(gpu):
     cp = gpu
     a = cp.arange(6, dtype=cp.float32).reshape(2, 3)
@@ -210,7 +219,7 @@ def test_xtrain_train_device_cuda_low_precision_is_the_cpus(case, corpus, tmp_pa
 
 @pytest.mark.parametrize("dtype", ["float32", "bf16", "fp16"])
 def test_host_syncs_only_at_logging_points(dtype, corpus, tmp_path, gpu, monkeypatch):
-    """On a GPU the step does not wait for the device (T07): no host synchronisation inside
+    """On a GPU the step does not wait for the device (T07b): no host synchronisation inside
     train_step in any dtype — the gradient norm, the clip, fp16's inf check, its skipped step and
     its loss-scale update all run on the device, read at the logging points."""
     per_step = 0

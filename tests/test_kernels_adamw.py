@@ -1,4 +1,4 @@
-"""AdamW over flat buffers: the fused kernel (T07) on the CPU emulator against the CPU update."""
+"""AdamW over flat buffers: the fused kernel (T07b) on the CPU emulator against the CPU update."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""The GPU engine's training-step kernels (T07: rmsnorm, swiglu, rope, softmax rows,
+"""The GPU engine's training-step kernels (T07b: rmsnorm, swiglu, rope, softmax rows,
 cross-entropy, residual add, embedding backward, gradient norm and clip, scaled AdamW) on the CPU
 emulator against their float64 NumPy references, at awkward sizes, for every storage dtype the
 launchers take; their launch discipline (no host synchronisation, the stated number of launches)

@@ -85,7 +85,7 @@ def test_nvrtc_compiles_template_kernels_by_name_expression():
 
 
 def _step_families():
-    """(.cu file, name expressions) of the GPU engine's templated kernel families (T07)."""
+    """(.cu file, name expressions) of the GPU engine's templated kernel families (T07b)."""
     from xtrain_lessons.runtime.kernels import cross_entropy, embedding, residual, rmsnorm, rope, softmax, swiglu
     return [(m.__name__.rsplit(".", 1)[1] + ".cu", m.NAME_EXPRESSIONS)
             for m in (rmsnorm, swiglu, rope, softmax, cross_entropy, residual, embedding)]

@@ -75,3 +75,20 @@ def test_step_phases_and_host_profile():
     assert all(v > 0 for v in phases.values())
     result, text = host_profile(lambda: 41 + 1, top=5)
     assert result == 42 and "ncalls" in text
+
+
+def test_exclusive_times_of_a_trace_subtract_the_calls_inside():
+    from xtrain_lessons.measure.profiler import exclusive_times
+    trace = [("enter", "linear", 0.0), ("enter", "matmul", 1.0), ("enter", "reshape", 2.0), ("exit", "reshape", 2.5),
+             ("exit", "matmul", 4.0), ("enter", "add", 5.0), ("exit", "add", 6.0), ("exit", "linear", 10.0),
+             ("enter", "checkpoint", 10.0), ("enter", "checkpoint", 11.0), ("exit", "checkpoint", 13.0),
+             ("exit", "checkpoint", 14.0)]
+    got = exclusive_times(trace)
+    assert got == {"reshape": 0.5, "matmul": 2.5, "add": 1.0, "linear": 6.0, "checkpoint": 4.0}
+    assert sum(got.values()) == 14.0  # exclusive times add up to the wall time of the outermost calls
+    for bad in ([("enter", "a", 0.0), ("exit", "b", 1.0)], [("enter", "a", 0.0)]):
+        try:
+            exclusive_times(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"{bad} is not a nested trace")

@@ -210,7 +210,7 @@ def test_time_limit_and_existing_run_dir(corpus, tmp_path):
         train(cfg.replace(out=str(tmp_path / "u")), progress=False, log=lambda s: None)
 
 
-# ----- T07: host synchronisations only at logging points (TrainConfig.log_every) -----------
+# ----- T07b: host synchronisations only at logging points (TrainConfig.log_every) -----------
 
 def _metrics(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

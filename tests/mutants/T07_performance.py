@@ -1,5 +1,18 @@
 """Plausible wrong solutions of T07's exercises (format: tests/test_mutants.py)."""
 
+_EXCLUSIVE = """
+times, stack = {}, []
+for kind, name, t in events:
+    if kind == "enter":
+        stack.append([t, 0.0])
+        continue
+    start, inner = stack.pop()
+    times[name] = times.get(name, 0.0) + (t - start) - inner
+    if stack:
+        stack[-1][1] += t - start
+return times
+"""
+
 _SWIGLU_ROWS = """
 dgate, dup = np.empty_like(a), np.empty_like(a)
 
@@ -19,19 +32,6 @@ cpu_threads.map_rows(rows, a.shape[0], a.shape[1] * a.itemsize)
 return dgate, dup
 """
 
-_ADAMW = """
-float theta = p[i];
-if (i < n_decay) theta = theta * decay;
-float gi = g[i];
-float mi = m[i];
-mi = mi + one_minus_b1 * (gi - mi);
-float vi = v[i] * b2 + one_minus_b2 * (gi * gi);
-float denom = sqrtf(vi) / bc2_sqrt + eps;
-p[i] = theta + neg_step * (mi / denom);
-m[i] = mi;
-v[i] = vi;
-"""
-
 _FLOPS = """
 d, hd = c.dim, c.head_dim
 attn_w = d * c.n_heads * hd + 2 * d * c.n_kv_heads * hd + c.n_heads * hd * d
@@ -42,6 +42,31 @@ return 6.0 * matmul_params + 12.0 * c.n_layers * seq_len * c.n_heads * hd
 
 MUTANTS = {
     "T07.1": {
+        "inclusive times (the calls inside not subtracted)": (
+            _EXCLUSIVE.replace("(t - start) - inner", "(t - start)"), "nested three deep"),
+        "open calls kept in a dict by name (a name inside itself breaks)": ("""
+            times, open_, inner = {}, {}, {}
+            parents = []
+            for kind, name, t in events:
+                if kind == "enter":
+                    open_[name], inner[name] = t, 0.0
+                    parents.append(name)
+                    continue
+                parents.pop()
+                elapsed = t - open_[name]
+                times[name] = times.get(name, 0.0) + elapsed - inner[name]
+                if parents:
+                    inner[parents[-1]] += elapsed
+            return times
+        """, "a name inside itself"),
+        "the children's exclusive time subtracted, not their elapsed time": (
+            _EXCLUSIVE.replace("        stack[-1][1] += t - start", "        stack[-1][1] += (t - start) - inner"),
+            "nested three deep"),
+        "a name's later call overwrites its earlier one": (
+            _EXCLUSIVE.replace("times[name] = times.get(name, 0.0) + (t - start) - inner",
+                               "times[name] = (t - start) - inner"), "two calls of one name"),
+    },
+    "T07.2": {
         "the chain on whole arrays (no row blocks)": ("""
             sig = sigmoid(a)
             dup = a * sig * g
@@ -58,34 +83,7 @@ MUTANTS = {
                                  "d[...] = sig"), "dgate"),
         "dup without the upstream gradient g": (_SWIGLU_ROWS.replace("    dup[lo:hi] *= g[lo:hi]\n", ""), "dup"),
     },
-    "T07.2": {
-        "every parameter decayed (n_decay ignored)": _ADAMW.replace("if (i < n_decay) theta", "theta"),
-        "eps inside the square root": _ADAMW.replace("sqrtf(vi) / bc2_sqrt + eps", "sqrtf(vi + eps) / bc2_sqrt"),
-        "v not written back": _ADAMW.replace("v[i] = vi;\n", ""),
-        "update from the old m (m read after the store)": _ADAMW.replace("(mi / denom)", "(m[i] / denom)"),
-    },
     "T07.3": {
-        "float() of each loss: a host sync per step": ("""
-            return [float(v) for v in losses]
-        """, "host syncs"),
-        "to_host of each loss in turn": ("""
-            return [float(device.to_host(v)) for v in losses]
-        """, "host syncs"),
-        "stacked in reverse order": ("""
-            if not losses:
-                return []
-            xp = device.array_module(losses[0])
-            return device.to_host(xp.stack([xp.asarray(v).reshape(()) for v in losses[::-1]])).astype(np.float64).tolist()
-        """, "in order"),
-        "only the last loss read, for every step": ("""
-            return [float(losses[-1])] * len(losses) if losses else []
-        """, "in order"),
-        "an empty list not handled": ("""
-            xp = device.array_module(losses[0])
-            return device.to_host(xp.stack([xp.asarray(v).reshape(()) for v in losses])).astype(np.float64).tolist()
-        """, "IndexError"),
-    },
-    "T07.4": {
         "the forward only (2 FLOPs per weight, not 6)": _FLOPS.replace("6.0 * matmul_params", "2.0 * matmul_params"),
         "the embedding counted as a matmul": _FLOPS.replace("+ c.vocab_size * d", "+ 2 * c.vocab_size * d"),
         "the lm_head forgotten": _FLOPS.replace(" + c.vocab_size * d", ""),

@@ -56,7 +56,7 @@ _FLAGS = [
      "(divergence guard; 0: off)"),
     ("--eval-every", "eval_every", int, "validation every N steps (0: never)"),
     ("--eval-batches", "eval_batches", int, "batches per validation"),
-    ("--log-every", "log_every", int, "T07: steps between host synchronisations (loss, grad norm, NaN "
+    ("--log-every", "log_every", int, "T07b: steps between host synchronisations (loss, grad norm, NaN "
      "check read every N steps; a bad step's update is skipped on the device). 0: 1 on the CPU, "
      "10 on a GPU"),
     ("--sample-every", "sample_every", int, "print a sample every N steps (0: never)"),
@@ -108,7 +108,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false", default=None,
                         help="--device cuda: run every step eagerly. By default the step (forward, backward, "
                         "clip, AdamW) is captured once per batch shape as a CUDA graph and replayed with one "
-                        "launch, its capture checked bit for bit against the eager step (T07); lr, the batch, "
+                        "launch, its capture checked bit for bit against the eager step (T07b); lr, the batch, "
                         "dropout's stream and fp16's loss scale are read from device memory at each replay. "
                         "Features that need the host inside a step (xtrain launch, --log-every 1) keep it "
                         "eager, with one line saying so")

@@ -5,6 +5,9 @@ computed, not only what it is.
 streamed, online softmax stays within one chunk). `product_entries(fn, q, k, ..., watch=(0, 1))`:
 the entries of the matrix products between arrays derived from the watched arguments (the scores
 Q·Kᵀ of an attention: a causal flash attention that skips the masked tiles computes half of them).
+`ufunc_passes(fn, *arrays)`: every NumPy pass (ufunc call) fn makes over the arrays and what it
+derives from them, as (bytes read + written, rows): an elementwise chain on row blocks makes no
+pass wider than a block (T07).
 """
 
 from __future__ import annotations
@@ -118,3 +121,29 @@ def product_entries(fn: Callable, *args: Any, watch: Sequence[int] = (0, 1)) -> 
         args[i] = _watched(np.asarray(args[i]), frozenset([i]))
     fn(*args)
     return _ProductWatch.entries[0]
+
+
+class _Passes(np.ndarray):
+    """An array that logs every NumPy pass (ufunc call) over it: (bytes read + written, rows)."""
+
+    log: list[tuple[int, int]] = []
+
+    def __array_ufunc__(self, ufunc, method, *inputs, out=(), **kwargs):
+        plain = [np.asarray(a) if isinstance(a, _Passes) else a for a in inputs]
+        outs = tuple(np.asarray(o) for o in out)
+        result = getattr(ufunc, method)(*plain, **({"out": outs} if out else {}), **kwargs)
+        arrays = [a for a in (*plain, *(outs or (result,))) if isinstance(a, np.ndarray)]
+        _Passes.log.append((sum(a.nbytes for a in arrays), max(len(a) if a.ndim else 1 for a in arrays)))
+        return out[0] if out else result.view(_Passes)
+
+
+def ufunc_passes(fn: Callable, *arrays: np.ndarray) -> tuple[Any, list[tuple[int, int]]]:
+    """(fn(*arrays), [(bytes read + written, rows) of each NumPy pass fn made]).
+
+    A pass is one ufunc call (`a * b`, `np.tanh(a, out=c)`, `c += a`) over the arrays or anything
+    computed from them; its rows are the first axis of the widest array it touched.
+    """
+    _Passes.log = []
+    result = fn(*(np.asarray(a).view(_Passes) for a in arrays))
+    log, _Passes.log = list(_Passes.log), []
+    return result, log

@@ -1,6 +1,6 @@
 """The engine's measurements on a real GPU that the course quotes, written down once.
 
-CI has no GPU, so these are recorded results, not computed ones: T07 prints them and draws its
+CI has no GPU, so these are recorded results, not computed ones: T07b prints them and draws its
 conclusions from them, the "what runs where" table (`phases.runs_where_markdown`, in T00 and the
 book's course map) sums them up in one line, and tests/test_book_references.py checks that the
 README quotes the same numbers. A new GPU run updates this file, and every one of them follows.
@@ -12,9 +12,9 @@ CARD = "one H100, CuPy 14.2, torch 2.11, November 2026"
 
 # The cost of one device call, from the tiny default run's float32 training step on CARD: the step's
 # time over its device calls (the device's own work is well under a millisecond). `calls` is that
-# engine's count; today's step may make a few more or fewer (T07 §7 counts them).
+# engine's count; today's step may make a few more or fewer (T07b §4 counts them).
 REFERENCE_RUN = {"card": CARD, "step_ms": 13.9, "calls": 326}
-# The first GPU run, before T07's GPU engine: the CPU path's row blocks and matmul chunks, one launch each
+# The first GPU run, before T07b's GPU engine: the CPU path's row blocks and matmul chunks, one launch each
 FIRST_RUN = {"card": "one H200", "step_ms": 75.2, "calls": 3126}
 
 # `xtrain bench train --device cuda --cuda-graph --against eager|amp` on CARD, the engine and torch

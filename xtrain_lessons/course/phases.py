@@ -1,5 +1,6 @@
-"""The phase table of the course: one row per phase (T00 … T21) with what it builds, the package
-modules and tests it owns, whether a learner may skip it, and what the reference engine measured.
+"""The phase table of the course: one row per phase (T00 … T21, with T05b, T07b and T12b inserted) with
+what it builds, the package modules and tests it owns, whether a learner may skip it, and what the
+reference engine measured.
 
 Everything that lists the phases is generated from this table:
 
@@ -103,21 +104,26 @@ TABLE: list[Phase] = [
            "test_data_fetch.py", "test_tokenizer.py", "test_checkpoint.py", "test_generate.py",
            "test_corpus.py", "test_faults.py"], core=True,
           reference="5M params, 1200 steps on TinyStories: loss 10.84 → 3.59, coherent sentences"),
-    Phase("T07", "performance", "Performance, measured",
-          "profiling, BLAS matmuls, fused row kernels, a fused AdamW kernel, fewer host syncs, tokens/s "
-          "and MFU",
+    Phase("T07", "performance", "Performance on the CPU",
+          "profiling with exclusive times, BLAS matmuls, fused row kernels and row blocks, tokens/s and MFU, "
+          "the CPU's threads",
           ["runtime/cpu_threads.py", "runtime/blas.py", "runtime/host/fused_rows.py", "runtime/opset/",
-           "runtime/kernels/adamw.py", "measure/bench.py", "measure/torch_twin.py",
-           "measure/profiler.py", "course/gpu_runs.py", "cli/bench.py", "runtime/kernels/_common.py",
+           "measure/bench.py", "measure/torch_twin.py", "measure/profiler.py", "cli/bench.py", "model/inputs.py"],
+          ["test_cpu_threads.py", "test_blas.py", "test_fused_rows.py", "test_opset.py", "test_profiler.py",
+           "test_torch_baselines.py"],
+          reference="~3×, 2.7K → 8.5K tok/s"),
+    Phase("T07b", "gpu_performance", "Performance on the GPU",
+          "launch-bound or compute-bound, a fused AdamW kernel, no host sync inside a step, a step's device "
+          "calls and bytes counted, the step estimated and measured as a CUDA graph",
+          ["runtime/kernels/adamw.py", "course/gpu_runs.py", "runtime/kernels/_common.py",
            "runtime/kernels/rmsnorm.py", "runtime/kernels/swiglu.py", "runtime/kernels/rope.py",
            "runtime/kernels/softmax.py", "runtime/kernels/cross_entropy.py", "runtime/kernels/residual.py",
-           "runtime/kernels/grad_norm.py", "model/inputs.py", "measure/bench_gpu.py", "measure/device_calls.py",
-           "training/loop/cuda_graph.py", "runtime/cublas_direct.py", "measure/gpu_specs.py", "cli/device_check.py"],
-          ["test_cpu_threads.py", "test_blas.py", "test_fused_rows.py", "test_opset.py", "test_profiler.py",
-           "test_kernels_adamw.py", "test_kernels_step.py", "test_gpu_engine.py", "test_cuda_graph.py",
-           "test_cublas_direct.py", "test_torch_baselines.py", "test_device_refusal.py",
-           "test_gpu_lease.py"],
-          reference="~3×, 2.7K → 8.5K tok/s"),
+           "runtime/kernels/grad_norm.py", "measure/bench_gpu.py", "measure/device_calls.py",
+           "measure/launch_timeline.py", "training/loop/cuda_graph.py", "runtime/cublas_direct.py",
+           "measure/gpu_specs.py", "cli/device_check.py"],
+          ["test_launch_timeline.py", "test_kernels_adamw.py", "test_kernels_step.py", "test_gpu_engine.py",
+           "test_cuda_graph.py", "test_cublas_direct.py", "test_device_refusal.py", "test_gpu_lease.py"],
+          needs=("T07",)),
     Phase("T08", "data_parallel", "Data parallelism",
           "a ring all-reduce by hand, DDP, weak vs strong scaling",
           ["parallel/collectives.py", "parallel/ring.py", "parallel/ddp.py", "measure/ddp_experiments.py"],
@@ -212,7 +218,7 @@ RUNS_WHERE: list[tuple[str, str, str]] = [
      "device memory through CuPy's memory pool"),
     ("speed", "the CPU's float32 matmul peak (T00 measures it); the course's models are sized to train in minutes",
      "one launch per op (a few hundred per step of the tiny model), no host synchronisation in a step, "
-     "or the whole step as one CUDA graph (`xtrain bench train --cuda-graph`); T07 counts the launches and "
+     "or the whole step as one CUDA graph (`xtrain bench train --cuda-graph`); T07b counts the launches and "
      "estimates the step on a named GPU"),
 ]
 

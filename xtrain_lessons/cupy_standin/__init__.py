@@ -1,9 +1,10 @@
 """A CPU stand-in for CuPy: the package's GPU path, run on the CPU under CuPy's rules, with every
-device call counted (phase T07). CI has no GPU: this is how its tests, and a learner without a
-GPU, take the CuPy code paths; T07 counts a training step's launches with it.
+device call counted (phase T07b). CI has no GPU: this is how its tests, and a learner without a
+GPU, take the CuPy code paths; T07b counts a training step's launches with it.
 
-`install()` puts this module into ``sys.modules["cupy"]``; `xtrain_lessons.runtime.device`
-then finds "a GPU" through its ordinary checks (the seam is not told about the stand-in).
+`install()` (or, for a block, `installed()`) puts this module into ``sys.modules["cupy"]``;
+`xtrain_lessons.runtime.device` then finds "a GPU" through its ordinary checks (the seam is not
+told about the stand-in).
 It follows CuPy's rules where a NumPy-only program would pass unnoticed:
 
 * `ndarray` wraps a NumPy array and refuses implicit conversion to NumPy (``np.asarray(a)``,
@@ -979,13 +980,24 @@ def _gemm(name, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype
     a = _device_matrices(A, a_dt, batchCount, a_rows, a_cols, lda, strideA)
     b = _device_matrices(B, b_dt, batchCount, b_rows, b_cols, ldb, strideB)
     c = _device_matrices(C, c_dt, batchCount, m, n, ldc, strideC)
-    op_a = a if transa == 0 else a.swapaxes(-1, -2)
-    op_b = b if transb == 0 else b.swapaxes(-1, -2)
-    res = _host_float(alpha) * np.matmul(op_a.astype(np.float32), op_b.astype(np.float32))
-    if _host_float(beta) != 0:
-        res += _host_float(beta) * c.astype(np.float32)
+    # Column-major C is row-major C^T = op(B)^T op(A)^T: NumPy's matmul then reads the operands and
+    # writes C where they lie (no transposing copies), one sgemm per matrix of the batch.
+    lhs = b.swapaxes(-1, -2) if transb == 0 else b
+    rhs = a.swapaxes(-1, -2) if transa == 0 else a
+    f32 = np.dtype(np.float32)
+    lhs, rhs = (x if x.dtype == f32 else x.astype(f32) for x in (lhs, rhs))
+    alpha, beta = _host_float(alpha), _host_float(beta)
     _device_call("library", name, a, b, c)
-    c[...] = res.astype(c_dt)
+    c_t = c.swapaxes(-1, -2)
+    if c_dt == f32 and alpha == 1 and beta == 0:
+        np.matmul(lhs, rhs, out=c_t)
+        return
+    res = np.matmul(lhs, rhs)
+    if alpha != 1:
+        res *= np.float32(alpha)
+    if beta != 0:
+        res += np.float32(beta) * c_t.astype(f32)
+    c_t[...] = res.astype(c_dt)
 
 
 cupy_backends = types.ModuleType("cupy_backends")
@@ -1038,3 +1050,13 @@ def uninstall(before) -> None:
             sys.modules.pop(k, None)
         else:
             sys.modules[k] = v
+
+
+@contextlib.contextmanager
+def installed():
+    """Inside the block `import cupy` gives this stand-in (install / uninstall); yields the module."""
+    before = install()
+    try:
+        yield sys.modules[__name__]
+    finally:
+        uninstall(before)

@@ -1,4 +1,4 @@
-"""`xtrain bench train --device cuda`: the GPU engine against PyTorch on the same GPU (phase T07).
+"""`xtrain bench train --device cuda`: the GPU engine against PyTorch on the same GPU (phase T07b).
 
     xtrain bench train --device cuda --dtype bf16 --cuda-graph --against sdpa,compile,reduce-overhead,cuda-graph
                        [--preset tiny|20m|gpt2-small] [--batch-size B] [--seq-len T] [--attention composed|flash]

@@ -1,4 +1,4 @@
-"""Device calls per training step (phase T07): what a GPU would be asked to do, counted without one.
+"""Device calls per training step (phase T07b): what a GPU would be asked to do, counted without one.
 
 A small model's step on a GPU is launch-bound: each kernel launch or library call costs a few
 microseconds of CPU time however little work it does. So count them before timing them:

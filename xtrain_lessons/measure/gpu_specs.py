@@ -1,4 +1,4 @@
-"""NVIDIA's spec-sheet peak throughput of a few GPUs, dense, by dtype: what MFU is quoted against (T07).
+"""NVIDIA's spec-sheet peak throughput of a few GPUs, dense, by dtype: what MFU is quoted against (T07b).
 
     spec = spec_peak("NVIDIA H100 80GB HBM3", "bf16")   # GpuSpec("H100 SXM", "bf16", 989.4e12, source)
     spec_peak("Tesla T4", "bf16")                        # None: not in the table (then MFU uses the measured peak)

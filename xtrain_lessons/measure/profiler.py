@@ -23,6 +23,8 @@ OpProfiler
     Not thread-safe: the patches are process-wide, so profile one training thread at a time.
 step_phases(model, optimizer, batch, clip=1.0) -> dict of seconds for the phases of one step:
     forward, backward, clip (gradient norm + scaling), optimizer.
+exclusive_times(events) -> {name: seconds}: the same exclusive times from a recorded trace of
+    ("enter" | "exit", name, time) events (the reference of T07's first exercise).
 host_profile(fn, top=15) -> (result, text): `fn()` under cProfile, the functions with the most
     own time (tottime) as a text table: Python overhead vs time inside NumPy calls.
 """
@@ -42,7 +44,7 @@ from xtrain_lessons.model import dropout, flash_attention, gqa, layers, recomput
 from xtrain_lessons.runtime.device import Timer, synchronize
 from xtrain_lessons.training.optim import clip_grad_norm
 
-__all__ = ["OpProfiler", "OpStats", "step_phases", "host_profile", "op_functions"]
+__all__ = ["OpProfiler", "OpStats", "step_phases", "host_profile", "op_functions", "exclusive_times"]
 
 
 @dataclass
@@ -186,6 +188,28 @@ class OpProfiler:
     def untimed(self, elapsed: float) -> float:
         """Seconds of `elapsed` spent outside every op (graph walk, Python glue)."""
         return elapsed - self.total
+
+
+def exclusive_times(events) -> dict[str, float]:
+    """{name: exclusive seconds} of a trace of (kind, name, time) events, kind "enter" or "exit",
+    properly nested: each call's time minus the time of the calls made inside it (OpProfiler's rule,
+    with its stack). A name called inside itself counts each call for its own part."""
+    times: dict[str, float] = {}
+    stack: list[list] = []  # [name, start, time spent in calls inside it], per open call
+    for kind, name, t in events:
+        if kind == "enter":
+            stack.append([name, t, 0.0])
+            continue
+        opened, start, inner = stack.pop()
+        if opened != name:
+            raise ValueError(f"exit of {name!r} while {opened!r} is open: the events are not nested")
+        elapsed = t - start
+        times[name] = times.get(name, 0.0) + elapsed - inner
+        if stack:
+            stack[-1][2] += elapsed
+    if stack:
+        raise ValueError(f"{stack[-1][0]!r} never exits")
+    return times
 
 
 def step_phases(model, optimizer, batch, clip: float | None = 1.0) -> dict:

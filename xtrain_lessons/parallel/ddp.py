@@ -147,7 +147,7 @@ def accumulate_gradients(model, batches, ddp: DDP | None = None, scale=None, syn
     (gradients add up in ``.grad``); all-reduce once at the end (when ``ddp`` is given).
     ``scale`` (T12b fp16): a function applied to loss / N before backward (GradScaler.scale).
     Returns this rank's mean loss over the micro-batches (unscaled): a float, or with
-    ``sync=False`` a float64 device scalar of the same value, summed where the losses are (T07: no
+    ``sync=False`` a float64 device scalar of the same value, summed where the losses are (T07b: no
     host synchronisation per micro-step; a step captured as a CUDA graph can make none)."""
     model.zero_grad()
     n = len(batches)

@@ -54,6 +54,7 @@ import os
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
@@ -62,7 +63,8 @@ from xtrain_lessons.runtime.allocator import empty
 
 __all__ = ["BLOCK_BYTES", "map_rows", "map_items", "matmul", "matmuls", "matmul_chunks", "map_chunks", "sum_blocks",
            "set_threads", "get_threads", "blocks", "grid", "runs", "split_items", "blas_threads",
-           "set_blas_threads", "blas_threads_set", "in_parallel_region", "one_blas_thread", "set_gemm_runner"]
+           "set_blas_threads", "blas_threads_set", "in_parallel_region", "one_blas_thread", "set_gemm_runner",
+           "cache_bytes"]
 
 BLOCK_BYTES = 128 * 1024  # per array and block: a few arrays of this fit in a 1-2 MiB L2
 MATMUL_SPLIT_FLOPS = 1 << 23  # below this a product is one call: splitting would cost more
@@ -203,6 +205,23 @@ def _get_pool() -> ThreadPoolExecutor:
 
 def _mark_worker():
     _local.worker = True
+
+
+def cache_bytes(level: int) -> int | None:
+    """The size of CPU 0's level-`level` data or unified cache as Linux reports it (sysfs), or None
+    where it does not say (another OS): what row blocks (BLOCK_BYTES) are sized to fit beside."""
+    root = Path("/sys/devices/system/cpu/cpu0/cache")
+    for index in sorted(root.glob("index*")) if root.is_dir() else []:
+        try:
+            if int((index / "level").read_text()) != level or (index / "type").read_text().strip() == "Instruction":
+                continue
+            text = (index / "size").read_text().strip().upper()
+        except (OSError, ValueError):
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        return int(digits) * scale if digits.isdigit() else None
+    return None
 
 
 def blocks(n_rows: int, row_bytes: int, block_bytes: int = BLOCK_BYTES) -> list[tuple[int, int]]:

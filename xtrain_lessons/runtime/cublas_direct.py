@@ -1,4 +1,4 @@
-"""cuBLAS's strided batched GEMM called directly (ctypes), so that a CUDA graph can record it (T07).
+"""cuBLAS's strided batched GEMM called directly (ctypes), so that a CUDA graph can record it (T07b).
 
 CuPy's binding of cuBLAS refuses every call while a stream captures a graph: its `setStream`
 raises NotImplementedError("calling cuBLAS API during stream capture is currently unsupported";

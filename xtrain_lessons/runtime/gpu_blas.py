@@ -1,4 +1,4 @@
-"""Matrix products on the GPU: cuBLAS's strided batched GEMM, whatever the storage dtype (T03, T07, T12).
+"""Matrix products on the GPU: cuBLAS's strided batched GEMM, whatever the storage dtype (T03, T07b, T12).
 
     matmul(a, b, out=None)        a @ b for CuPy arrays (stacked and transposed views too)
 

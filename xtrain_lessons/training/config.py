@@ -65,7 +65,7 @@ class TrainConfig:
     out: str | None = None          # run directory; default runs/<timestamp>
     eval_every: int = 100
     eval_batches: int = 8
-    log_every: int = 0              # T07: steps between host synchronisations. 1: the loss is read
+    log_every: int = 0              # T07b: steps between host synchronisations. 1: the loss is read
                                     # every step and a NaN stops the run before its update; N > 1:
                                     # loss and gradient norm stay on the device, a non-finite step
                                     # skips its update (and every later one) on the device, and the
@@ -91,7 +91,7 @@ class TrainConfig:
                                     # fp16 adds dynamic loss scaling: training.optim.grad_scaler)
     loss_scale: float = 0.0         # T12b fp16: 0 = dynamic (2^16, halved on inf, doubled after 2000
                                     # clean steps); S > 0: a fixed scale S (1: no scaling)
-    cuda_graph: bool = True         # T07, on a GPU: capture the step once per batch shape as a CUDA
+    cuda_graph: bool = True         # T07b, on a GPU: capture the step once per batch shape as a CUDA
                                     # graph and replay it (training/loop/cuda_graph.py); False: eager steps
 
     # -- (de)serialisation ------------------------------------------------------------------

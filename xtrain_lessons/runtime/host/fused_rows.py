@@ -162,8 +162,8 @@ class _Timed:
 
 @contextlib.contextmanager
 def timed():
-    """{kernel name: seconds} spent in the C++ kernels inside the block (T07 §7 adds them up:
-    the time the step spends in the pool's hand-overs)."""
+    """{kernel name: seconds} spent in the C++ kernels inside the block (what the step spends
+    outside them is Python, the matmuls and the pool's hand-overs)."""
     global _lib
     real = library()
     seconds = collections.defaultdict(float)

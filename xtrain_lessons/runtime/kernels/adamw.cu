@@ -1,4 +1,4 @@
-// adamw.cu — a fused AdamW update over ONE flat float32 buffer of all parameters (phase T07).
+// adamw.cu — a fused AdamW update over ONE flat float32 buffer of all parameters (phase T07b).
 //
 // The per-parameter optimizer (optim.AdamW) runs ~10 array ops per parameter tensor: on a GPU
 // that is ~10 kernel launches x (number of tensors) per step, each reading and writing whole

@@ -6,7 +6,7 @@ adamw_flat(p, g, m, v, step, lr, betas, eps, weight_decay, n_decay) updates flat
 place (one launch); adamw_reference(...) is the same update in NumPy, with the engine AdamW's
 arithmetic.
 
-The GPU engine's step (T07) reads grad_norm.global_norm_and_clip's result on the device:
+The GPU engine's step (T07b) reads grad_norm.global_norm_and_clip's result on the device:
 
     adamw_flat_scaled(p, g, m, v, factors, step, lr, betas, eps, weight_decay, n_decay)
         factors: float32 device array of 3 (grad_norm's `out`): the gradients are multiplied by
@@ -56,7 +56,7 @@ def adamw_flat(p, g, m, v, step: int, lr: float, betas=(0.9, 0.999), eps: float 
                weight_decay: float = 0.0, n_decay: int | None = None, kernel=None) -> None:
     """One AdamW step over flat float32 buffers, in place, by one launch of `adamw_step`.
     Elements [0, n_decay) are decayed (all of them when n_decay is None). `kernel`: another
-    compiled `adamw_step` (the T07 notebook passes the learner's)."""
+    compiled `adamw_step` (the T07b notebook passes the learner's)."""
     xp = array_module(p)
     n = int(p.size)
     for name, a in (("p", p), ("g", g), ("m", m), ("v", v)):

@@ -1,4 +1,4 @@
-// cross_entropy.cu — the lm_head's cross-entropy loss for the GPU engine (phase T07): llm.c's
+// cross_entropy.cu — the lm_head's cross-entropy loss for the GPU engine (phase T07b): llm.c's
 // fused classifier split in two, so that the upstream gradient of the loss can arrive later
 // (the backward runs after the forward of the whole step).
 //

@@ -1,5 +1,5 @@
 """The lm_head's cross-entropy on the GPU: the launchers for kernels/cross_entropy.cu and their
-NumPy references (T07).
+NumPy references (T07b).
 
 llm.c's fused classifier split in two, so that the upstream gradient arrives later:
 

@@ -10,7 +10,7 @@
 // order, so the sums may differ from a sequential sum in the last bits from run to run.
 // dweight must be zeroed before the launch.
 //
-// embedding_bwd<T> (the GPU engine's, phase T07): the same scatter-add with int64 ids (as the
+// embedding_bwd<T> (the GPU engine's, phase T07b): the same scatter-add with int64 ids (as the
 // data loader makes them, checked by the caller — this kernel only skips an id outside
 // [0, vocab)), a gradient g of storage type T (float, __nv_bfloat16, __half: loaded into float)
 // and a float32 gw; a grid-stride loop, so any grid covers the n_tokens * dim elements.

@@ -8,7 +8,7 @@ and their NumPy references.
 ids may have any shape and any integer dtype (they are checked to lie in [0, vocab), then
 passed to the kernel as int32); weight and dout must be C-contiguous float32.
 
-The GPU engine's backward (T07), the CUDA twin of runtime/host/fused_rows' embedding_bwd:
+The GPU engine's backward (T07b), the CUDA twin of runtime/host/fused_rows' embedding_bwd:
 
     embedding_bwd(ids, g, gw)
         ids (N,) int64, already range-checked by the caller (the launcher never reads them: no

@@ -1,5 +1,5 @@
 // grad_norm.cu — the global gradient norm, clipping and the fp16 overflow check of the GPU
-// engine (phase T07), without a host synchronisation: the result stays on the device, where
+// engine (phase T07b), without a host synchronisation: the result stays on the device, where
 // adamw.cu's adamw_step_scaled reads it.
 //
 // grad_norm_partials: partials[b] = sum of g[i]^2 (in double) over the elements block b takes

@@ -1,5 +1,5 @@
 """The global gradient norm and clip on the GPU: the launcher for kernels/grad_norm.cu and its
-NumPy reference (T07).
+NumPy reference (T07b).
 
     global_norm_and_clip(flat_grad, partials, out, max_norm, eps=1e-6, inv_scale=1.0)
         flat_grad: the flat float32 buffer of every gradient (1-D); partials: a float64 scratch

@@ -1,4 +1,4 @@
-// residual.cu — the residual add of the GPU engine (phase T07), the CUDA twin of
+// residual.cu — the residual add of the GPU engine (phase T07b), the CUDA twin of
 // runtime/host/fused_rows.cpp's add: out = a + b elementwise.
 //
 // One storage type T (float, __nv_bfloat16, __half) for a, b and out: both values are loaded

@@ -1,4 +1,4 @@
-"""The residual add on the GPU: the launcher for kernels/residual.cu and its NumPy reference (T07).
+"""The residual add on the GPU: the launcher for kernels/residual.cu and its NumPy reference (T07b).
 
     add(a, b, out)       out = a + b elementwise; a, b, out one shape and one storage dtype
                          (float32, bfloat16, float16); out may be a or b (in place).

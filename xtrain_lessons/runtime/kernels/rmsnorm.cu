@@ -1,4 +1,4 @@
-// rmsnorm.cu — RMSNorm forward and backward for the GPU engine (phase T07), the CUDA twins of
+// rmsnorm.cu — RMSNorm forward and backward for the GPU engine (phase T07b), the CUDA twins of
 // runtime/host/fused_rows.cpp's rmsnorm_fwd / rmsnorm_bwd (same names, arguments, semantics).
 //
 // Storage: X is the dtype of the input x (and of its gradient gx), Y the dtype of the

@@ -1,4 +1,4 @@
-"""RMSNorm on the GPU: the launchers for kernels/rmsnorm.cu and their NumPy references (T07).
+"""RMSNorm on the GPU: the launchers for kernels/rmsnorm.cu and their NumPy references (T07b).
 
 The CUDA twins of runtime/host/fused_rows' rmsnorm_fwd / rmsnorm_bwd: the same out-parameters
 and semantics, on CuPy arrays (the GPU) or NumPy arrays (the CPU emulator), in float32,

@@ -1,4 +1,4 @@
-// rope.cu — rotary position embedding for the GPU engine (phase T07), the CUDA twin of
+// rope.cu — rotary position embedding for the GPU engine (phase T07b), the CUDA twin of
 // runtime/host/fused_rows.cpp's rope (the rotate-half convention of Qwen/Llama).
 //
 // x, out (B, T, H, D) of storage type S (float, __nv_bfloat16, __half); cos, sin (T, D) float32.

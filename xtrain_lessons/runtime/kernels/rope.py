@@ -1,4 +1,4 @@
-"""Rotary position embedding on the GPU: the launcher for kernels/rope.cu and its NumPy reference (T07).
+"""Rotary position embedding on the GPU: the launcher for kernels/rope.cu and its NumPy reference (T07b).
 
     rope(x, cos, sin, out, sign=1.0)
         x, out (B, T, H, D) of one storage dtype (float32, bfloat16, float16), D even;

@@ -1,4 +1,4 @@
-// softmax.cu — the softmax rows of the GPU engine (phase T07), the CUDA twins of
+// softmax.cu — the softmax rows of the GPU engine (phase T07b), the CUDA twins of
 // runtime/host/fused_rows.cpp's causal_softmax_fwd / causal_softmax_bwd / softmax_exp_rows /
 // scale_rows. T (float, __nv_bfloat16, __half) is the storage type of the rows; the row
 // statistics are float32; every value is loaded into float, computed in float32 and rounded

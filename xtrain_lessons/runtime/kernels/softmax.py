@@ -1,4 +1,4 @@
-"""Softmax rows on the GPU: the launchers for kernels/softmax.cu and their NumPy references (T07).
+"""Softmax rows on the GPU: the launchers for kernels/softmax.cu and their NumPy references (T07b).
 
 The CUDA twins of runtime/host/fused_rows' row kernels, on CuPy arrays (the GPU) or NumPy
 arrays (the CPU emulator). The rows are of one storage dtype T (float32, bfloat16, float16);

@@ -1,4 +1,4 @@
-// swiglu.cu — the SwiGLU gate of the MLP for the GPU engine (phase T07), the CUDA twin of
+// swiglu.cu — the SwiGLU gate of the MLP for the GPU engine (phase T07b), the CUDA twin of
 // runtime/host/fused_rows.cpp's swiglu_fwd / swiglu_bwd.
 //
 //   forward:  out = silu(a) * u = a * s * u,            s = sigmoid(a)

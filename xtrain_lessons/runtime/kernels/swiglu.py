@@ -1,4 +1,4 @@
-"""SwiGLU on the GPU: the launchers for kernels/swiglu.cu and their NumPy references (T07).
+"""SwiGLU on the GPU: the launchers for kernels/swiglu.cu and their NumPy references (T07b).
 
 The CUDA twins of runtime/host/fused_rows' swiglu_fwd / swiglu_bwd, on CuPy arrays (the GPU)
 or NumPy arrays (the CPU emulator):

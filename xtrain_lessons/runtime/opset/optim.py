@@ -1,5 +1,5 @@
 """The optimizer's ops: AdamW over flat buffers, the global gradient norm and the clip, the fp16
-loss scale's update (phases T06, T07, T12b).
+loss scale's update (phases T06, T07, T07b, T12b).
 
     segments = [Segment(lo, hi, lr, betas, eps, weight_decay, step), ...]   # slices of the flat buffers
     norm = grad_norm_and_clip(grads, flat_grad, factors, max_norm, scale_state=None)
@@ -143,11 +143,11 @@ def adamw(p, g, m, v, segments, factors=None, where=None, step_scalars=None, ker
     factors[1], no update when factors[2] != 0. `where`: a 0-d boolean array: no update unless True
     (a skip decided on the device). `step_scalars`: [decay, bc2_sqrt, neg_step] read on the device
     (a step replayed from a CUDA graph; adamw_step_scalars). `kernel`: another compiled adamw_step
-    (T07's exercise). Returns True when the host knows that factors[2] skipped the update (the CPU:
+    (T07b's exercise). Returns True when the host knows that factors[2] skipped the update (the CPU:
     torch's GradScaler then does not count the step); on a GPU that is known on the device only."""
     if not segments:
         return False
-    if (on_gpu(p) and p.dtype == np.float32) or kernel is not None:  # the CUDA kernel (T07's: on the emulator too)
+    if (on_gpu(p) and p.dtype == np.float32) or kernel is not None:  # the CUDA kernel (T07b's: on the emulator too)
         _adamw_flat(p, g, m, v, segments, factors, where, step_scalars, kernel)
         return False
     if factors is not None:

@@ -1,4 +1,4 @@
-"""The training step captured once as a CUDA graph and replayed every step after (phase T07).
+"""The training step captured once as a CUDA graph and replayed every step after (phase T07b).
 
 A small model's GPU step is bound by the host: Python issues 400 to 1,300 launches a step, each
 costing tens of microseconds of autograd walk and CuPy dispatch, while the GPU's own work can be

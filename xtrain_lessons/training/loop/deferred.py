@@ -1,4 +1,4 @@
-"""Step values kept on the device until a logging point (T07), and the divergence they reveal.
+"""Step values kept on the device until a logging point (T07b), and the divergence they reveal.
 
 With `log_every` N > 1 a step's loss and gradient norm stay device values; every N steps
 `PendingSteps.read` reads all of them in ONE host synchronisation (`read_steps`) and turns

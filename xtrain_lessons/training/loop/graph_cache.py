@@ -1,4 +1,4 @@
-"""What both graphed steps of loop/cuda_graph.py share (phase T07): a step captured once per key
+"""What both graphed steps of loop/cuda_graph.py share (phase T07b): a step captured once per key
 (a batch shape) and replayed, the graphs of the last `cache_size` keys kept, each capture checked
 bit for bit against the eager step; see cuda_graph.py's module doc.
 

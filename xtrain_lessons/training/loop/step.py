@@ -1,4 +1,4 @@
-"""One training step and the loop of them (phase T06; host synchronisations only at logging points: T07).
+"""One training step and the loop of them (phase T06; host synchronisations only at logging points: T07b).
 
     lr   = lr_at(step + 1, max_lr, min_lr, warmup, steps) # warmup, then cosine to min_lr at the end
     x, y = train_data.get_batch(batch_size, seq_len, rng) # random windows, y = x shifted by 1
@@ -35,7 +35,7 @@ class TrainSteps:
     def loop(self, end: int, sigint: "_SigintDefer") -> None:
         """Steps until `end`, a stop request (`sigint`), the time limit or a divergence."""
         cfg = self.cfg
-        # T07: host synchronisations only at logging points (see TrainConfig.log_every)
+        # T07b: host synchronisations only at logging points (see TrainConfig.log_every)
         self.log_every = cfg.log_every or default_log_every(self.device)
         self.deferred = self.log_every > 1
         self.healthy = True  # on the device once a deferred step ran: every step so far was finite
@@ -101,7 +101,7 @@ class TrainSteps:
 
     def device_step(self, x, y, lr, step_scalars=None):
         """The step's work, (loss, gradient norm, extra): forward, backward, clip, update. Deferred
-        (T07) it has no host synchronisation, and it is what loop/cuda_graph.py captures: then x and
+        (T07b) it has no host synchronisation, and it is what loop/cuda_graph.py captures: then x and
         y are checked device buffers and `step_scalars` (AdamW's lr and bias corrections in device
         memory) stands for lr."""
         loss_val = self._forward_backward(x, y, lr)
@@ -119,7 +119,7 @@ class TrainSteps:
     def _update(self, lr, loss_val, extra, step_scalars=None):
         """The optimizer's part of the step: the global norm, the clip and fp16's unscale folded into
         one factor over the flat gradient buffer, the update (skipped where fp16's gradients
-        overflowed), the loss scale's update (T12b). Deferred (log_every > 1, T07): nothing is read
+        overflowed), the loss scale's update (T12b). Deferred (log_every > 1, T07b): nothing is read
         on the host; a non-finite loss or norm skips this update and every later one on the device,
         and is read at the next logging point. Otherwise a non-finite norm stops the run before the
         update. Under DDP the gradients are already averaged: an inf on any rank is an inf on every
@@ -130,7 +130,7 @@ class TrainSteps:
             extra["loss_scale"] = state[0].copy()  # the scale this step used
         gnorm = self.opt.clip_grad_norm(self.cfg.grad_clip, scale_state=state)
         where = None
-        if self.deferred:  # T07: checked on the device, read at the logging point
+        if self.deferred:  # T07b: checked on the device, read at the logging point
             xp = array_module(gnorm)
             finite = xp.isfinite(loss_val) if scaler is not None else xp.isfinite(loss_val) & xp.isfinite(gnorm)
             self.healthy = where = self.healthy & finite
@@ -153,7 +153,7 @@ class TrainSteps:
         scale = self.scaler.scale if self.scaler is not None else None  # T12b fp16
         if cfg.accum_steps > 1 or self.ddp is not None:  # T16/T08: this rank's micro-batches,
             batches = micro_batches(x, y, cfg.accum_steps, self.rank, self.world)  # one all-reduce at the end
-            if self.deferred and self.ddp is None:  # the losses summed on the device (T07)
+            if self.deferred and self.ddp is None:  # the losses summed on the device (T07b)
                 return accumulate_gradients(model, batches, None, scale, sync=False)
             loss_val = average_scalar(accumulate_gradients(model, batches, self.ddp, scale))
             if not self.deferred:  # the same mean on every rank: they all stop together

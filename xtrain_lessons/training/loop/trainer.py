@@ -50,7 +50,7 @@ def run_identity(conf: dict | None) -> str:
 
 
 def make_optimizer(params, cfg: TrainConfig):
-    """AdamW for the run, over flat buffers (one kernel call per step on either device: T07). Its
+    """AdamW for the run, over flat buffers (one kernel call per step on either device: T07b). Its
     state_dict is the same on both devices, so checkpoints move between them."""
     return AdamW(params, lr=cfg.max_lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
 

@@ -1,4 +1,4 @@
-"""AdamW over flat buffers: one update of every parameter in one kernel call (phases T06, T07).
+"""AdamW over flat buffers: one update of every parameter in one kernel call (phases T06, T07b).
 
     opt = AdamW(model.named_parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
     loss.backward(); opt.step(lr)                     # torch.optim.AdamW's update
@@ -48,7 +48,7 @@ class AdamW(Optimizer):
 
     ``params``: ``model.named_parameters()`` (dict; default decay/no-decay groups), a list
     of parameters, or a list of group dicts ``{"params": ..., "lr"/"weight_decay"/...}``.
-    ``kernel``: another compiled ``adamw_step`` for the update (T07's exercise).
+    ``kernel``: another compiled ``adamw_step`` for the update (T07b's exercise).
     """
 
     kind = "AdamW"
