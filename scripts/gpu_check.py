@@ -234,7 +234,7 @@ def check_notebooks(args, work):
 def notebook_order(args) -> list[Path]:
     """The solution notebooks to run, in the order --notebooks names them ("rest": all the others)."""
     every = sorted((REPO / "solutions").glob("T*.ipynb"))
-    names = args.notebooks.split(",") if args.notebooks else ["T01", "T05", "T06", "T12"] if args.quick else ["rest"]
+    names = args.notebooks.split(",") if args.notebooks else ["T01", "T05", "T06", "T12", "T12b"] if args.quick else ["rest"]
     named = [p for name in names for p in every if p.stem.split("_")[0] == name]
     return named + ([p for p in every if p not in named] if "rest" in names else [])
 

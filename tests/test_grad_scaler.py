@@ -1,4 +1,4 @@
-"""T12 fp16 loss scaling: GradScaler against torch.amp.GradScaler on the same gradient
+"""T12b fp16 loss scaling: GradScaler against torch.amp.GradScaler on the same gradient
 sequence (bit-identical unscaled gradients, skips and scales), its skip/back-off/growth
 rules, and `xtrain train --dtype fp16` (skipped steps and the scale in metrics.jsonl)."""
 
@@ -186,7 +186,7 @@ def test_fp16_tracks_float32(corpus, tmp_path):
     assert abs(means["fp16"] / means["float32"] - 1) < 0.02, means
 
 
-# ------------------------------------------------------------------ T12.3's check fails wrong solutions
+# ------------------------------------------------------------------ T12b.1's check fails wrong solutions
 UPDATE_CASES = [(65536.0, 0, True), (65536.0, 1999, False), (65536.0, 1998, False), (1024.0, 5, True),
                 (3.0e38, 2, False, 2.0, 0.5, 3), (8.0, 0, False, 4.0, 0.25, 1), (8.0, 2, True, 4.0, 0.25, 3)]
 
@@ -200,11 +200,11 @@ def update_scale_reference(scale, tracker, found_inf, growth_factor=2.0, backoff
 
 
 def test_update_scale_check_fails_the_mutants(capsys):
-    from mutants.T12_bf16 import UPDATE_SCALE_MUTANTS  # noqa: PLC0415
+    from mutants.T12b_fp16 import UPDATE_SCALE_MUTANTS  # noqa: PLC0415
     from xtrain_lessons.course.checks import check_fn  # noqa: PLC0415
 
     for wrong in UPDATE_SCALE_MUTANTS:
-        assert check_fn("T12.3", wrong, reference=update_scale_reference, cases=UPDATE_CASES) \
+        assert check_fn("T12b.1", wrong, reference=update_scale_reference, cases=UPDATE_CASES) \
             is not wrong, wrong.__name__  # the reference (wrapped as a fallback) is handed on
         assert "fail" in capsys.readouterr().out
 

@@ -1,6 +1,5 @@
-"""Plausible wrong solutions of T12's exercises (format: tests/test_mutants.py). The loss-scale
-update's, in the old (scale, tracker) signature, are also run by tests/test_grad_scaler.py
-(UPDATE_SCALE_MUTANTS)."""
+"""Plausible wrong solutions of T12's exercises (format: tests/test_mutants.py). fp16's loss scaling,
+once T12.3, is T12b's (tests/mutants/T12b_fp16.py)."""
 
 import numpy as np
 
@@ -80,138 +79,30 @@ _T12_2 = {
 }
 
 
-# ---------------------------------------------------------------- T12.3 the loss scale's update
-def update_scale_backoff_uncounted(state, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
-    scale, tracker, skipped = (np.float32(v) for v in state)
-    if found_inf:
-        return np.array([scale * np.float32(backoff_factor), 0, skipped], np.float32)  # the skipped step not counted
-    tracker += 1
-    if tracker == growth_interval:
-        with np.errstate(over="ignore"):
-            grown = scale * np.float32(growth_factor)
-        scale, tracker = (grown if np.isfinite(grown) else scale), 0
-    return np.array([scale, tracker, skipped], np.float32)
-
-
-def update_scale_no_reset_on_inf(state, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
-    scale, tracker, skipped = (np.float32(v) for v in state)
-    if found_inf:
-        return np.array([scale * np.float32(backoff_factor), tracker, skipped + 1], np.float32)  # count not restarted
-    tracker += 1
-    if tracker == growth_interval:
-        with np.errstate(over="ignore"):
-            grown = scale * np.float32(growth_factor)
-        scale, tracker = (grown if np.isfinite(grown) else scale), 0
-    return np.array([scale, tracker, skipped], np.float32)
-
-
-def update_scale_no_reset_after_growth(state, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
-    scale, tracker, skipped = (np.float32(v) for v in state)
-    if found_inf:
-        return np.array([scale * np.float32(backoff_factor), 0, skipped + 1], np.float32)
-    tracker += 1
-    if tracker == growth_interval:
-        with np.errstate(over="ignore"):
-            grown = scale * np.float32(growth_factor)
-        scale = grown if np.isfinite(grown) else scale  # the count keeps going
-    return np.array([scale, tracker, skipped], np.float32)
-
-
-def update_scale_grows_one_late(state, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
-    scale, tracker, skipped = (np.float32(v) for v in state)
-    if found_inf:
-        return np.array([scale * np.float32(backoff_factor), 0, skipped + 1], np.float32)
-    if tracker == growth_interval:  # compares before counting this step
-        with np.errstate(over="ignore"):
-            grown = scale * np.float32(growth_factor)
-        return np.array([grown if np.isfinite(grown) else scale, 0, skipped], np.float32)
-    return np.array([scale, tracker + 1, skipped], np.float32)
-
-
-def update_scale_grows_to_inf(state, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
-    scale, tracker, skipped = (np.float32(v) for v in state)
-    if found_inf:
-        return np.array([scale * np.float32(backoff_factor), 0, skipped + 1], np.float32)
-    tracker += 1
-    if tracker == growth_interval:
-        with np.errstate(over="ignore"):
-            scale, tracker = scale * np.float32(growth_factor), 0  # takes an inf scale
-    return np.array([scale, tracker, skipped], np.float32)
-
-
-def update_scale_clamps_to_max(state, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
-    scale, tracker, skipped = (np.float32(v) for v in state)
-    if found_inf:
-        return np.array([scale * np.float32(backoff_factor), 0, skipped + 1], np.float32)
-    tracker += 1
-    if tracker == growth_interval:
-        with np.errstate(over="ignore"):
-            scale, tracker = min(scale * np.float32(growth_factor), np.finfo(np.float32).max), 0  # saturates
-    return np.array([scale, tracker, skipped], np.float32)
-
-
-def update_scale_backoff_is_growth(state, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
-    scale, tracker, skipped = (np.float32(v) for v in state)
-    if found_inf:
-        return np.array([scale / np.float32(growth_factor), 0, skipped + 1], np.float32)  # right for the defaults only
-    tracker += 1
-    if tracker == growth_interval:
-        with np.errstate(over="ignore"):
-            grown = scale * np.float32(growth_factor)
-        scale, tracker = (grown if np.isfinite(grown) else scale), 0
-    return np.array([scale, tracker, skipped], np.float32)
-
-
-def update_scale_skips_counted_always(state, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
-    scale, tracker, skipped = (np.float32(v) for v in state)
-    skipped += 1  # counts every step as skipped
-    if found_inf:
-        return np.array([scale * np.float32(backoff_factor), 0, skipped], np.float32)
-    tracker += 1
-    if tracker == growth_interval:
-        with np.errstate(over="ignore"):
-            grown = scale * np.float32(growth_factor)
-        scale, tracker = (grown if np.isfinite(grown) else scale), 0
-    return np.array([scale, tracker, skipped], np.float32)
-
-
-def update_scale_float64_state(state, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
-    scale, tracker, skipped = (float(v) for v in state)  # Python floats: the state comes back float64
-    if found_inf:
-        return np.array([scale * backoff_factor, 0, skipped + 1])
-    tracker += 1
-    if tracker == growth_interval:
-        grown = scale * growth_factor
-        scale, tracker = (grown if np.isfinite(np.float32(grown)) else scale), 0
-    return np.array([scale, tracker, skipped])
-
+# ---------------------------------------------------------------- T12.3 the spacing of bf16 values
+_ULP = """
+bits = f32_to_bf16_bits(np.abs(np.asarray(w, np.float32))).astype(np.uint32)
+below, above = (bits << 16).view(np.float32), ((bits + 1) << 16).view(np.float32)
+return above - below
+"""
 
 _T12_3 = {
-    "backs off without counting the skipped step": (update_scale_backoff_uncounted, "an overflow step"),
-    "tracker not reset on an overflow": (update_scale_no_reset_on_inf, "after 5 clean steps"),
-    "tracker not reset after growth": (update_scale_no_reset_after_growth, "2000th"),
-    "grows one step late (compares before counting)": (update_scale_grows_one_late, "2000th"),
-    "the scale grows to inf": (update_scale_grows_to_inf, "3e38"),
-    "a grown scale clamped to float32's max": (update_scale_clamps_to_max, "3e38"),
-    "backs off by 1 / growth_factor": (update_scale_backoff_is_growth, "backoff_factor 0.125"),
-    "every step counted as skipped": (update_scale_skips_counted_always, "after skipped ones"),
-    "the state returned as float64": (update_scale_float64_state, "dtype"),
+    "the exponent formula 2^(floor(log2|w|) - 7)": ("""
+with np.errstate(divide="ignore"):
+    return (2.0 ** (np.floor(np.log2(np.abs(np.asarray(w, np.float32)))) - 7)).astype(np.float32)
+""", "round up to a power of two"),
+    "the exponent field of w, not of w rounded": ("""
+e = (np.asarray(w, np.float32).view(np.uint32) >> 23) & np.uint32(0xFF)
+return (np.maximum(e, 1).astype(np.uint32) - 7 << 23).view(np.float32)
+""", "round up to a power of two"),
+    "the gap to the value below (pattern - 1)": (_ULP.replace(
+        "below, above = (bits << 16).view(np.float32), ((bits + 1) << 16).view(np.float32)",
+        "below, above = ((bits - 1) << 16).view(np.float32), (bits << 16).view(np.float32)"), "round up to a power of two"),
+    "the sign kept (no |w|)": (_ULP.replace("np.abs(np.asarray(w, np.float32))", "np.asarray(w, np.float32)"), "negative"),
+    "returned as float64": (_ULP.replace("return above - below", "return above.astype(np.float64) - below"),
+                            "dtype float64"),
+    "zero's gap taken as 0": (_ULP.replace("return above - below", "return np.where(bits == 0, np.float32(0), above - below)"),
+                              "±0"),
 }
 
 MUTANTS = {"T12.1": _T12_1, "T12.2": _T12_2, "T12.3": _T12_3}
-
-
-# ---------------------------------------------------------------- the old signature, for tests/test_grad_scaler.py
-def _scale_and_tracker(f):
-    """A state-form mutant as update_scale(scale, tracker, found_inf, ...) -> (np.float32 scale, int tracker)."""
-    def wrong(scale, tracker, found_inf, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
-        s = f(np.array([scale, tracker, 0], np.float32), found_inf, growth_factor, backoff_factor, growth_interval)
-        return np.float32(s[0]), int(s[1])
-    wrong.__name__ = f.__name__
-    return wrong
-
-
-# the mutants that change the scale or the tracker (the old signature has no skipped count)
-UPDATE_SCALE_MUTANTS = [_scale_and_tracker(f) for f in (update_scale_no_reset_on_inf, update_scale_no_reset_after_growth,
-                                                        update_scale_grows_one_late, update_scale_grows_to_inf,
-                                                        update_scale_clamps_to_max)]

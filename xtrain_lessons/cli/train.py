@@ -71,7 +71,7 @@ _FLAGS = [
      "results with any count)"),
     ("--accum-steps", "accum_steps", int, "T16: micro-batches of --batch-size per optimizer step "
      "(gradient accumulation; under `xtrain launch` each rank takes --batch-size rows)"),
-    ("--dtype", "dtype", str, "compute dtype: float32, bf16 or fp16 (T12 mixed precision: low-precision "
+    ("--dtype", "dtype", str, "compute dtype: float32, bf16 or fp16 (T12/T12b mixed precision: low-precision "
      "copies of float32 master weights; fp16 with dynamic loss scaling)"),
     ("--loss-scale", "loss_scale", float, "fp16: a fixed loss scale (default 0: dynamic, from 2^16; "
      "1: no scaling, to see fp16 gradients underflow)"),

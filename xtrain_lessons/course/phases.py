@@ -1,4 +1,4 @@
-"""The phase table of the course: one row per phase (T00 … T21, with T05b and T07b inserted) with
+"""The phase table of the course: one row per phase (T00 … T21, with T05b, T07b and T12b inserted) with
 what it builds, the package modules and tests it owns, whether a learner may skip it, and what the
 reference engine measured.
 
@@ -140,10 +140,14 @@ TABLE: list[Phase] = [
           "a caching allocator with size classes and free lists; CuPy's pool; buffer reuse",
           ["runtime/allocator.py", "measure/memory_report.py"], ["test_memory.py"], reference="2.3×"),
     Phase("T12", "bf16", "bf16 mixed precision",
-          "fp32 master weights, bf16 compute, round-to-nearest-even, what stays fp32, fp16 with loss scaling",
-          ["model/precision.py", "runtime/kernels/bf16.py", "training/optim/grad_scaler.py", "runtime/kernels/grad_scaler.py",
-           "runtime/gpu_blas.py"],
-          ["test_amp.py", "test_kernels_bf16.py", "test_grad_scaler.py"], reference="29% less memory"),
+          "fp32 master weights, bf16 compute, round-to-nearest-even, the spacing of bf16 values, what stays fp32",
+          ["model/precision.py", "runtime/kernels/bf16.py", "runtime/gpu_blas.py"],
+          ["test_amp.py", "test_kernels_bf16.py"], reference="29% less memory"),
+    Phase("T12b", "fp16", "fp16 and dynamic loss scaling",
+          "fp16's range against bf16's, the scale's update rule as a one-thread kernel, unscaling with the "
+          "overflow check, which gradients fp16 loses, fp16 training with and without a scale",
+          ["training/optim/grad_scaler.py", "runtime/kernels/grad_scaler.py"], ["test_grad_scaler.py"],
+          needs=("T12",)),
     Phase("T13", "recompute", "Activation recompute",
           "keep a block's input, recompute its inside in backward; bit-identical gradients",
           ["model/recompute.py"], ["test_recompute.py"]),

@@ -1,4 +1,4 @@
-"""bf16 and fp16 mixed precision (phase T12): float32 master weights, bfloat16/float16 compute copies.
+"""bf16 and fp16 mixed precision (phases T12 and T12b): float32 master weights, bfloat16/float16 compute copies.
 
 bfloat16 is the top half of a float32: 1 sign bit, the same 8 exponent bits (same range,
 ~1e-38 .. 3.4e38), 7 mantissa bits (relative precision 2^-8 = 0.4%). Converting float32 ->

@@ -145,7 +145,7 @@ def micro_batches(x, y, accum_steps: int, rank: int = 0, world_size: int = 1):
 def accumulate_gradients(model, batches, ddp: DDP | None = None, scale=None, sync: bool = True):
     """Zero the gradients, then for each of the N (x, y) micro-batches: loss / N, backward
     (gradients add up in ``.grad``); all-reduce once at the end (when ``ddp`` is given).
-    ``scale`` (T12 fp16): a function applied to loss / N before backward (GradScaler.scale).
+    ``scale`` (T12b fp16): a function applied to loss / N before backward (GradScaler.scale).
     Returns this rank's mean loss over the micro-batches (unscaled): a float, or with
     ``sync=False`` a float64 device scalar of the same value, summed where the losses are (T07b: no
     host synchronisation per micro-step; a step captured as a CUDA graph can make none)."""

@@ -86,10 +86,10 @@ class TrainConfig:
                                     # them (a new process: every core, up to 8). The same bits
                                     # with any count (tests/test_cpu_threads.py); `xtrain bench
                                     # train --threads N` measures the speed
-    dtype: str = "float32"          # T12 compute dtype: "float32", "bf16" or "fp16" (float32 master
+    dtype: str = "float32"          # T12/T12b compute dtype: "float32", "bf16" or "fp16" (float32 master
                                     # weights and AdamW state either way; xtrain_lessons.model.precision;
                                     # fp16 adds dynamic loss scaling: training.optim.grad_scaler)
-    loss_scale: float = 0.0         # T12 fp16: 0 = dynamic (2^16, halved on inf, doubled after 2000
+    loss_scale: float = 0.0         # T12b fp16: 0 = dynamic (2^16, halved on inf, doubled after 2000
                                     # clean steps); S > 0: a fixed scale S (1: no scaling)
     cuda_graph: bool = True         # T07b, on a GPU: capture the step once per batch shape as a CUDA
                                     # graph and replay it (training/loop/cuda_graph.py); False: eager steps

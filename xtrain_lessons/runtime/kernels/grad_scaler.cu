@@ -1,4 +1,4 @@
-// grad_scaler.cu — fp16's dynamic loss scale updated on the device (phase T12, the GPU engine):
+// grad_scaler.cu — fp16's dynamic loss scale updated on the device (phase T12b, the GPU engine):
 // torch.amp.GradScaler's rule without reading anything on the host, so an fp16 step needs no
 // host synchronisation.
 //

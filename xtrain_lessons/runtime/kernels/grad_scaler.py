@@ -1,4 +1,4 @@
-"""fp16's loss scale on the device: the launcher for kernels/grad_scaler.cu and its reference (T12).
+"""fp16's loss scale on the device: the launcher for kernels/grad_scaler.cu and its reference (T12b).
 
     update_scale(state, found, growth_factor, backoff_factor, growth_interval, dynamic=True)
         state: float32 (3,) on the device, [scale, growth tracker, skipped steps], updated in place;

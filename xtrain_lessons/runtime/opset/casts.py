@@ -1,4 +1,4 @@
-"""Casts between float32 and the low-precision storage dtypes, bfloat16 and float16 (phase T12).
+"""Casts between float32 and the low-precision storage dtypes, bfloat16 and float16 (phases T12 and T12b).
 
     cast(a, dtype)        `a` as `dtype` (no copy when it already is)
     is_low(a)             `a` is stored as bfloat16 or float16

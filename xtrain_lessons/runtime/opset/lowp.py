@@ -1,4 +1,4 @@
-"""The NumPy references of the op set for bfloat16 and float16 storage (phase T12).
+"""The NumPy references of the op set for bfloat16 and float16 storage (phases T12 and T12b).
 
 A GPU's kernels read bf16/fp16 values, compute in float32 and round each stored result once; the
 CPU has no such kernels (NumPy's bf16 arithmetic would round after every operation, and is slow),

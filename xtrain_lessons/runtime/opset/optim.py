@@ -1,5 +1,5 @@
 """The optimizer's ops: AdamW over flat buffers, the global gradient norm and the clip, the fp16
-loss scale's update (phases T06, T07, T07b, T12).
+loss scale's update (phases T06, T07, T07b, T12b).
 
     segments = [Segment(lo, hi, lr, betas, eps, weight_decay, step), ...]   # slices of the flat buffers
     norm = grad_norm_and_clip(grads, flat_grad, factors, max_norm, scale_state=None)

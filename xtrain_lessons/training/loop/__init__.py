@@ -13,7 +13,7 @@ One step (``step`` counts the optimizer steps already taken, from 0):
     norm = clip_grad_norm(params, grad_clip)              # global L2 norm, before clipping
     optimizer.step(lr)
 
-With ``dtype="fp16"`` (T12) the loss is multiplied by the GradScaler's scale before backward,
+With ``dtype="fp16"`` (T12b) the loss is multiplied by the GradScaler's scale before backward,
 and ``scaler.unscale_`` (once per optimizer step, all ranks agreeing) divides the gradients
 before clipping; a step with an inf/NaN gradient is skipped and the scale halved
 (``scaler.update``); ``metrics.jsonl`` gets ``loss_scale`` and ``skipped_steps``. Every record

@@ -35,7 +35,7 @@ def read_steps(pending):
 
     Returns (good, bad): the steps up to the first non-finite one, with Python floats, and
     that step (None if every value is finite). A gradient norm of None is a step that fp16
-    loss scaling skipped (T12): not a divergence, its norm stays None. On a GPU that is known
+    loss scaling skipped (T12b): not a divergence, its norm stays None. On a GPU that is known
     only on the device: an extra "_skipped" (1.0 for a skipped step) says it, and is dropped."""
     if not pending:
         return [], None
@@ -68,7 +68,7 @@ class PendingSteps:
         self.first_loss = self.last_loss = self.ema_tps = None
 
     def add(self, step, lr, loss, grad_norm, seconds, elapsed, extra=None) -> None:
-        """`extra`: more fields for the record (T12 fp16: loss_scale, skipped_steps)."""
+        """`extra`: more fields for the record (T12b fp16: loss_scale, skipped_steps)."""
         self.rows.append((step, lr, loss, grad_norm, seconds, elapsed, extra or {}))
 
     def read(self) -> list[dict]:

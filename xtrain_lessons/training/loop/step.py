@@ -119,7 +119,7 @@ class TrainSteps:
     def _update(self, lr, loss_val, extra, step_scalars=None):
         """The optimizer's part of the step: the global norm, the clip and fp16's unscale folded into
         one factor over the flat gradient buffer, the update (skipped where fp16's gradients
-        overflowed), the loss scale's update (T12). Deferred (log_every > 1, T07b): nothing is read
+        overflowed), the loss scale's update (T12b). Deferred (log_every > 1, T07b): nothing is read
         on the host; a non-finite loss or norm skips this update and every later one on the device,
         and is read at the next logging point. Otherwise a non-finite norm stops the run before the
         update. Under DDP the gradients are already averaged: an inf on any rank is an inf on every
@@ -150,7 +150,7 @@ class TrainSteps:
     def _forward_backward(self, x, y, lr: float):
         """The loss of the step (a device value when deferred), gradients in .grad."""
         cfg, model = self.cfg, self.model
-        scale = self.scaler.scale if self.scaler is not None else None  # T12 fp16
+        scale = self.scaler.scale if self.scaler is not None else None  # T12b fp16
         if cfg.accum_steps > 1 or self.ddp is not None:  # T16/T08: this rank's micro-batches,
             batches = micro_batches(x, y, cfg.accum_steps, self.rank, self.world)  # one all-reduce at the end
             if self.deferred and self.ddp is None:  # the losses summed on the device (T07b)

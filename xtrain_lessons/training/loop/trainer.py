@@ -155,7 +155,7 @@ class Trainer(TrainSteps, ReportSteps):
         self.params = self.model.named_parameters()
         self.opt = make_optimizer(self.params, cfg)
         self.ddp = DDP(self.model) if self.dp else None  # T08: rank 0's weights, averaged gradients
-        self.scaler = None  # T12: fp16 loss scaling, dynamic unless a fixed --loss-scale is given
+        self.scaler = None  # T12b: fp16 loss scaling, dynamic unless a fixed --loss-scale is given
         if cfg.dtype == "fp16":
             self.scaler = GradScaler(cfg.loss_scale, dynamic=False) if cfg.loss_scale else GradScaler()
             self.scaler.to_device(array_module(self.opt.flat_param))  # its state beside the gradients: no sync

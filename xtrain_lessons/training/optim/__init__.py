@@ -1,5 +1,5 @@
 """Optimizers: AdamW (decoupled weight decay) and SGD, gradient clipping, the learning-rate schedule
-and fp16 loss scaling (phases T06, T07, T07b, T12).
+and fp16 loss scaling (phases T06, T07, T07b, T12b).
 
 A parameter is anything with a ``.data`` array and a ``.grad`` array (or ``None``):
 the engine's ``Tensor`` or any stand-in. Updates are done in place on ``.data``, in

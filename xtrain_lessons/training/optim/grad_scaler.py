@@ -1,4 +1,4 @@
-"""Dynamic loss scaling for fp16 mixed precision (phase T12), with torch.amp.GradScaler's rules.
+"""Dynamic loss scaling for fp16 mixed precision (phase T12b), with torch.amp.GradScaler's rules.
 
 fp16 keeps 10 mantissa bits but only 5 exponent bits: its smallest normal is 2^-14 (6.1e-5),
 its smallest subnormal 2^-24 (6.0e-8). Activation gradients are often smaller than that, so
@@ -44,7 +44,7 @@ class GradScaler:
                  backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True,
                  dynamic: bool = True):
         """`dynamic=False` (not in torch): a fixed scale; an inf/NaN step is still skipped.
-        `GradScaler(init_scale=1.0, dynamic=False)` is fp16 without loss scaling (T12)."""
+        `GradScaler(init_scale=1.0, dynamic=False)` is fp16 without loss scaling (T12b)."""
         if not growth_factor > 1.0 or not 0.0 < backoff_factor < 1.0 or growth_interval < 1:
             raise ValueError("GradScaler: need growth_factor > 1, 0 < backoff_factor < 1, growth_interval >= 1")
         self.enabled, self.dynamic = enabled, dynamic
