@@ -66,7 +66,7 @@ TABLE: list[Phase] = [
           ["runtime/device.py", "runtime/cuda/", "runtime/kernels/vector_add.py", "cupy_standin/",
            "course/kernel_trace.py"],
           ["test_device.py", "test_cuda_emulator.py", "test_nvcc_compile.py", "test_nvrtc_compile.py",
-           "test_emulator_features.py", "test_emulator_sanitizer.py", "test_fake_cupy.py",
+           "test_emulator_features.py", "test_emulator_sanitizer.py", "test_fake_cupy.py", "test_standin_references.py",
            "test_gpu_path.py", "test_book_kernel_trace.py"],
           core=True, reference="vector add verified against the host"),
     Phase("T02", "tensors", "Tensors",
