@@ -687,7 +687,9 @@ def _reference_kernels() -> dict:
     computed by their NumPy references in float64 and stored once. `XTRAIN_STANDIN_KERNELS=reference`
     uses them: the end-to-end runs (every notebook and command on the cuda path) then take minutes instead of tens
     of minutes. The kernels themselves are tested on the emulator against the same references
-    (tests/test_kernels_step.py) and through training runs (tests/test_fake_cupy.py)."""
+    (tests/test_kernels_step.py) and through training runs (tests/test_fake_cupy.py). The step's
+    elementwise kernels join them as float32 twins (_elementwise_kernels, checked against the
+    emulated kernels in tests/test_standin_references.py)."""
     from xtrain_lessons.runtime.kernels import cross_entropy as ce  # noqa: PLC0415
     from xtrain_lessons.runtime.kernels import grad_norm as gn  # noqa: PLC0415
     from xtrain_lessons.runtime.kernels import rmsnorm as rn  # noqa: PLC0415
@@ -838,7 +840,7 @@ def _package_source(path) -> str:
 
 class RawKernel:
     """cupy.RawKernel, run by the package's CPU emulator on the wrapped arrays (or, for the step's
-    row kernels under XTRAIN_STANDIN_KERNELS=reference, by their NumPy references)."""
+    row and elementwise kernels under XTRAIN_STANDIN_KERNELS=reference, by their NumPy twins)."""
 
     def __init__(self, code, name, options=(), backend="nvrtc", translate_cucomplex=False,
                  enable_cooperative_groups=False, jitify=False):
@@ -1112,8 +1114,8 @@ _BACKENDS = {"cupy_backends": cupy_backends, "cupy_backends.cuda": cupy_backends
 def subprocess_env(env=None, device: str = "cuda", kernels: str = "") -> dict:
     """An environment in which a new Python process takes the stand-in for CuPy (through
     site/sitecustomize.py) and, by default, the "cuda" device: for `xtrain launch`'s ranks, a
-    notebook's kernel, a command run by a test. kernels="reference": the step's row kernels run as
-    their NumPy references (see _reference_kernels)."""
+    notebook's kernel, a command run by a test. kernels="reference": the step's row and elementwise
+    kernels run as their NumPy twins (see _reference_kernels)."""
     env = dict(os.environ if env is None else env)
     site = str(Path(__file__).with_name("site"))
     env["PYTHONPATH"] = os.pathsep.join([site, *filter(None, [env.get("PYTHONPATH")])])
