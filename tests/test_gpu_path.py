@@ -151,9 +151,10 @@ def test_grpo_a_few_steps_on_cuda(cuda_run, tmp_path):
 
 def test_the_gpu_check_runs_its_cpu_side_parts():
     """scripts/gpu_check.py, the one command a contributor with a GPU runs: on the stand-in its
-    train (each dtype against the CPU run) and launch checks, one line each, exit 0."""
+    train (each dtype against the CPU run) and launch checks, one line each, exit 0 (12 steps a run
+    here: the script's plumbing; on a GPU the runs are 200 steps)."""
     p = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--stand-in", "--only",
-                        "train,launch,bench"], capture_output=True, text=True, timeout=600)
+                        "train,launch,bench", "--train-steps", "12"], capture_output=True, text=True, timeout=600)
     lines = p.stdout.strip().splitlines()
     assert p.returncode == 0, p.stdout + p.stderr
     assert [ln.split()[:2] for ln in lines] == [["PASS", "train:"], ["PASS", "launch:"], ["SKIP", "bench:"]], lines
