@@ -32,7 +32,9 @@ BLAS_FREE = {"test_nvcc_compile.py", "test_nvrtc_compile.py", "test_bpe.py", "te
              "test_notebook_outputs.py", "test_data_fetch.py", "test_corpus.py", "test_device_refusal.py",
              "test_gpu_lease.py", "test_cublas_direct.py", "test_cuda_emulator.py", "test_emulator_features.py",
              "test_emulator_sanitizer.py", "test_kernels_bf16.py", "test_kernels_t02.py",
-             "test_standin_references.py"}
+             "test_standin_references.py",
+             # the CUDA path on the stand-in: its products are NumPy's matmul whichever BLAS the CPU engine uses
+             "test_cuda_graph.py", "test_gpu_engine.py"}
 # The quick loop between edits (`python -m pytest -m quick`, about a minute): every layer of the
 # package once, and one notebook. The full command in the README stays the gate.
 QUICK = {"test_layers.py", "test_device.py", "test_cuda_emulator.py", "test_autograd.py", "test_model_parity.py",
