@@ -677,8 +677,9 @@ _served: dict = {}
 # ----------------------------------------------------------------------------- kernels
 def _store(dst, values) -> None:
     """Write float64 `values` into `dst` (any storage dtype), rounded once, as a kernel's store."""
+    values = np.asarray(values, np.float64).reshape(dst.shape)
     with np.errstate(over="ignore", invalid="ignore"):
-        dst[...] = np.asarray(values, np.float64).reshape(dst.shape).astype(np.float32).astype(dst.dtype)
+        dst[...] = values if dst.dtype == np.float32 else values.astype(np.float32).astype(dst.dtype)
 
 
 def _reference_kernels() -> dict:

@@ -433,14 +433,14 @@ def ref_exp(x):
 
 
 def ref_rmsnorm_fwd(x, w, eps):
-    x64 = x.astype(np.float64)
+    x64 = x.astype(np.float64, copy=False)
     r = 1.0 / np.sqrt((x64 * x64).mean(axis=-1, keepdims=True) + eps)
     xhat = x64 * r
     return xhat, (xhat * w if w is not None else xhat), r
 
 
 def ref_rmsnorm_bwd(g, xhat, w, r):
-    g64, xh = g.astype(np.float64), xhat.astype(np.float64)
+    g64, xh = g.astype(np.float64, copy=False), xhat.astype(np.float64, copy=False)
     gh = g64 * w if w is not None else g64
     gx = r * (gh - xh * (gh * xh).mean(axis=-1, keepdims=True))
     return gx, (g64 * xh).sum(axis=0)
@@ -482,15 +482,15 @@ def ref_causal_softmax_fwd(s, Tq, scale):
 
 
 def ref_causal_softmax_bwd(p, dp, Tq, scale):
-    p64 = p.reshape(-1, p.shape[-1]).astype(np.float64)
-    d64 = dp.reshape(p64.shape).astype(np.float64)
+    p64 = p.reshape(-1, p.shape[-1]).astype(np.float64, copy=False)
+    d64 = dp.reshape(p64.shape).astype(np.float64, copy=False)
     seen = _ref_causal_mask(len(p64), Tq, p.shape[-1])
     ds = p64 * (d64 - (d64 * p64).sum(axis=-1, keepdims=True)) * scale
     return np.where(seen, ds, 0.0).reshape(p.shape)
 
 
 def ref_softmax_exp_rows(x):
-    x64 = x.astype(np.float64)
+    x64 = x.astype(np.float64, copy=False)
     m = x64.max(axis=-1, keepdims=True)
     e = np.exp(x64 - m)
     s = e.sum(axis=-1, keepdims=True)
