@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 LEARNER = [p for p in sorted((REPO / "notebooks").glob("T*.ipynb")) if not p.stem.startswith("T19_")]
 pytestmark = pytest.mark.standin
 # The step's row kernels (RMSNorm, the softmaxes, the fused classifier) and elementwise kernels
-# (residual add, SwiGLU, RoPE, AdamW) run as NumPy twins here (cupy_standin._reference_kernels): on
+# (residual add, SwiGLU, RoPE, AdamW, bf16's tensor-core flash attention) run as NumPy twins here (cupy_standin._reference_kernels): on
 # the emulator every CUDA thread is a fiber and these kernels alone made the notebooks take ~17
 # minutes; their CUDA source is tested on the emulator in tests/test_kernels_step.py, against the
 # twins in tests/test_standin_references.py, and in the training runs of tests/test_fake_cupy.py.

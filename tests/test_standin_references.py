@@ -25,11 +25,20 @@ def cp():
 
 
 def both(monkeypatch, run):
-    """run() on the emulated kernels, then on the references: the two results, as NumPy arrays."""
+    """run() on the emulated kernels, then on the references (where no kernel may reach the
+    emulator): the two results, as NumPy arrays."""
+    from xtrain_lessons.runtime.cuda.emulator import CpuKernel  # noqa: PLC0415
+
+    emulated = []
+    launch = CpuKernel.__call__
+    monkeypatch.setattr(CpuKernel, "__call__", lambda self, *a, **kw: (emulated.append(self.name),
+                                                                        launch(self, *a, **kw))[1])
     out = []
     for mode in ("", "reference"):
+        emulated.clear()
         monkeypatch.setenv("XTRAIN_STANDIN_KERNELS", mode)
         out.append([np.asarray(a.get()).astype(np.float64) for a in run()])
+        assert emulated if mode == "" else not emulated, (mode, emulated)
     return out
 
 
@@ -112,3 +121,22 @@ def test_a_kernel_that_only_shares_the_name_runs_on_the_emulator(cp, monkeypatch
     out = cp.zeros(300, cp.float32)
     cp.RawKernel(src, "add")((2,), (256,), (cp.asarray(a), cp.asarray(b), out, np.int64(300)))
     np.testing.assert_array_equal(out.get(), a - b)
+
+
+@pytest.mark.parametrize("causal,Tq,Tk", [(True, 70, 70), (True, 20, 70), (False, 33, 50)])
+def test_tensor_core_flash_attention_matches_the_emulated_kernels(cp, monkeypatch, causal, Tq, Tk):
+    """Forward and backward, grouped-query (4 query heads on 2 kv heads), a head dim padded to its
+    bucket (24 -> 32), the queries the last Tq of Tk positions."""
+    from xtrain_lessons.runtime.kernels import flash_attention_tc as ftc  # noqa: PLC0415
+
+    q, dout = rand((2, Tq, 4, 24), BF16, 11, 1.0), rand((2, Tq, 4, 24), BF16, 12, 1.0)
+    k, v = rand((2, Tk, 2, 24), BF16, 13, 1.0), rand((2, Tk, 2, 24), BF16, 14, 1.0)
+
+    def run():
+        o, lse = ftc.flash_attention_tc_fwd(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal)
+        return (o, lse, *ftc.flash_attention_tc_bwd(cp.asarray(q), cp.asarray(k), cp.asarray(v), o, lse,
+                                                    cp.asarray(dout), causal=causal))
+
+    emulated, referenced = both(monkeypatch, run)
+    for e, r in zip(emulated, referenced):  # each kernel rounds its bf16 operands and sums in tiles
+        np.testing.assert_allclose(r, e, rtol=2 * RTOL[BF16], atol=4 * RTOL[BF16] * np.abs(e).max())

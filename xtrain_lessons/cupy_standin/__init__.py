@@ -690,7 +690,8 @@ def _reference_kernels() -> dict:
     of minutes. The kernels themselves are tested on the emulator against the same references
     (tests/test_kernels_step.py) and through training runs (tests/test_fake_cupy.py). The step's
     elementwise kernels join them as float32 twins (_elementwise_kernels, checked against the
-    emulated kernels in tests/test_standin_references.py)."""
+    emulated kernels in tests/test_standin_references.py), and so do the tensor-core flash
+    attention's four kernels (_flash_tc_kernels: emulated warp-matrix tiles were half a bf16 step)."""
     from xtrain_lessons.runtime.kernels import cross_entropy as ce  # noqa: PLC0415
     from xtrain_lessons.runtime.kernels import grad_norm as gn  # noqa: PLC0415
     from xtrain_lessons.runtime.kernels import rmsnorm as rn  # noqa: PLC0415
@@ -809,11 +810,62 @@ def _elementwise_kernels() -> dict:
             acc += row
         gw.reshape(-1)[:int(D)] = acc
 
-    return {"add": ("residual.cu", add), "swiglu_fwd": ("swiglu.cu", swiglu_fwd),
+    flash = _flash_tc_kernels()
+    return {**{name: ("flash_attention_tc.cu", fn) for name, fn in flash.items()},
+            "add": ("residual.cu", add), "swiglu_fwd": ("swiglu.cu", swiglu_fwd),
             "swiglu_bwd": ("swiglu.cu", swiglu_bwd), "rope": ("rope.cu", rope),
             "adamw_step": ("adamw.cu", adamw_step), "adamw_step_scaled": ("adamw.cu", adamw_step_scaled),
             "adamw_step_graphed": ("adamw.cu", adamw_step_graphed),
             "rmsnorm_gw_sum": ("rmsnorm.cu", rmsnorm_gw_sum)}
+
+
+def _flash_tc_kernels() -> dict:
+    """The tensor-core flash attention's four kernels as plain float32 attention on whole score
+    matrices, reading and writing what each kernel reads and writes (lse and dsum included).
+    q, o, dout, dq (B, Tq, H, D); k, v, dk, dv (B, Tk, Hkv, D); lse, dsum (B, H, Tq)."""
+    f32 = np.float32
+
+    def heads(a, G=1):  # (B, T, h, D) storage -> (B, h * G, T, D) float32
+        return np.repeat(np.asarray(a, f32).transpose(0, 2, 1, 3), G, axis=1)
+
+    def probabilities(q, k, lse, Tq, Tk, scale, causal, G):
+        s = heads(q) @ heads(k, G).swapaxes(-1, -2) * f32(scale)
+        if causal:  # query i sees keys j <= i + Tk - Tq
+            s = np.where(np.arange(Tk)[None, :] <= np.arange(Tq)[:, None] + (Tk - Tq), s, -np.inf)
+        if lse is None:
+            m = s.max(axis=-1, keepdims=True)
+            lse = (m + np.log(np.exp(s - m).sum(axis=-1, keepdims=True)))[..., 0]
+        return np.exp(s - np.asarray(lse, f32)[..., None]), lse
+
+    def store(dst, x):  # (B, h, T, D) float32 -> dst (B, T, h, D)
+        dst[...] = x.transpose(0, 2, 1, 3).astype(dst.dtype)
+
+    def fwd(q, k, v, o, lse, B, Tq, Tk, H, Hkv, D, scale, causal, vec):
+        G = int(H) // int(Hkv)
+        p, lse_ = probabilities(q, k, None, int(Tq), int(Tk), scale, causal, G)
+        store(o, p @ heads(v, G))
+        lse[...] = lse_
+
+    def prep(o, dout, dsum, B, Tq, H, D):
+        dsum[...] = (np.asarray(o, f32) * np.asarray(dout, f32)).sum(axis=-1).transpose(0, 2, 1)
+
+    def grads(q, k, v, lse, dsum, dout, Tq, Tk, H, Hkv, scale, causal):
+        G = int(H) // int(Hkv)
+        p, _ = probabilities(q, k, lse, int(Tq), int(Tk), scale, causal, G)
+        dp = heads(dout) @ heads(v, G).swapaxes(-1, -2)
+        return p, (p * (dp - np.asarray(dsum, f32)[..., None]) * f32(scale)).astype(f32), G
+
+    def dq_(q, k, v, lse, dsum, dout, dq, B, Tq, Tk, H, Hkv, D, scale, causal, vec):
+        _, ds, G = grads(q, k, v, lse, dsum, dout, Tq, Tk, H, Hkv, scale, causal)
+        store(dq, ds @ heads(k, G))
+
+    def dkdv(q, k, v, lse, dsum, dout, dk, dv, B, Tq, Tk, H, Hkv, D, scale, causal, vec):
+        p, ds, G = grads(q, k, v, lse, dsum, dout, Tq, Tk, H, Hkv, scale, causal)
+        per_group = (int(B), int(Hkv), G, int(Tk), int(D))  # a kv head's gradient sums its query heads
+        store(dv, (p.swapaxes(-1, -2) @ heads(dout)).reshape(per_group).sum(axis=2))
+        store(dk, (ds.swapaxes(-1, -2) @ heads(q)).reshape(per_group).sum(axis=2))
+
+    return {"flash_tc_fwd": fwd, "flash_tc_bwd_prep": prep, "flash_tc_bwd_dq": dq_, "flash_tc_bwd_dkdv": dkdv}
 
 
 _REFERENCES: dict = {}
