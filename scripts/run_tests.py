@@ -57,13 +57,13 @@ def marked(marker: str) -> list[str]:
 
 
 SHARDS = [
-    Shard("solution notebooks", ["solutions"], 660),
-    Shard("GPU path on stand-in", [*marked("standin"), "-m", "standin"], 850),
-    Shard("mutants", [*marked("mutants"), "-m", "mutants"], 155),
-    Shard("package tests", ["tests", "-m", NOT_OTHERS], 630),
-    Shard("package tests, NumPy's BLAS, one thread", ["tests", "-m", f"{NOT_OTHERS} and not blas_free"], 340,
+    Shard("solution notebooks", ["solutions"], 710),
+    Shard("GPU path on stand-in", [*marked("standin"), "-m", "standin"], 860),
+    Shard("mutants", [*marked("mutants"), "-m", "mutants"], 145),
+    Shard("package tests", ["tests", "-m", NOT_OTHERS], 570),
+    Shard("package tests, NumPy's BLAS, one thread", ["tests", "-m", f"{NOT_OTHERS} and not blas_free"], 365,
           {"XTRAIN_BLAS": "numpy", "XTRAIN_THREADS": "1"}),
-    Shard("book", [*marked("book"), "-m", "book"], 160),
+    Shard("book", [*marked("book"), "-m", "book"], 165),
 ]
 
 
